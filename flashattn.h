@@ -1,0 +1,1100 @@
+/* flashattn.h - v0.1.0 - exact attention with the FlashAttention algorithms.
+   MIT licence, see the end of this file.
+
+   This header holds the public C API (shared by the CPU and GPU paths) and the
+   CPU implementation. The GPU kernels live in flashattn_cuda.cuh, the plain
+   three-step reference in flashattn_ref.h.
+
+   DO THIS in exactly one C or C++ file:
+       #define FLASHATTN_IMPLEMENTATION
+       #include "flashattn.h"
+   Everywhere else just include it. Link with -lm, and -pthread unless the
+   build defines FA_NO_THREADS.
+
+   QUICK USE
+       fa_params p = {0};                  // zero means default everywhere
+       p.dtype = FA_DTYPE_F32;
+       p.batch = 1; p.heads_q = 8; p.seqlen_q = p.seqlen_k = 1024; p.head_dim = 64;
+       p.q = q; p.k = k; p.v = v; p.o = o;   // contiguous [B, N, H, d]
+       fa_status s = fa_cpu_forward(&p, NULL);
+       if (s != FA_OK) fprintf(stderr, "%s: %s\n", fa_status_string(s), fa_last_error_detail());
+
+   SEMANTICS
+     S = scale * Q K^T; with softcap c > 0, S = c * tanh(S / c); masked
+     entries are -inf; P = softmax(S) by rows; O = P V; LSE = log(sum exp S)
+     per query row (natural log, fp32, contiguous [B, Hq, Nq]).
+     Query r and key c, with off = Nk - Nq (masks are aligned bottom-right):
+       causal:          c is masked when c > r + off
+       sliding window:  c is masked when c > r + off + window_right (if >= 0)
+                                      or c < r + off - window_left  (if >= 0)
+     A row with every key masked has O = 0, LSE = -inf, and zero gradients.
+     GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
+
+   LAYOUT
+     Every tensor is [batch, seq, heads, head_dim] addressed by element
+     strides (fa_layout) with the head dim contiguous; an all-zero layout means
+     contiguous BSHD. BHSD is {N*H*d, N*d, d}. Strides are 64-bit; a tensor
+     must not overlap itself.
+
+   STATUS
+     Every call validates first and returns a fa_status; on a validation
+     error no output is touched. fa_status_string() names the code and
+     fa_last_error_detail() (per thread) says which field is wrong. The
+     library never prints, exits or aborts.
+
+   COMPILE-TIME OPTIONS (define before the implementation)
+     FA_NO_THREADS            single-threaded build, no pthreads
+     FA_CPU_BLOCK_M           query rows per CPU tile      (default 64)
+     FA_CPU_BLOCK_N           key rows per CPU tile        (default 64)
+     FA_MALLOC / FA_FREE      allocator hooks (define both or neither)
+     FLASHATTN_STATIC         make every function static to the including file
+
+   CPU MEMORY: workspace is O(tiles) per thread for the FA2 order, plus
+   O(Nq * d) per thread for the FA1 order (its carried O, m, l state) and
+   O(B * Hq * Nq) floats for the backward's D = rowsum(dO * O). Never
+   O(Nq * Nk). The CPU path allocates that through FA_MALLOC per call.
+*/
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+
+/* Largest head dim any path supports. */
+#define FA_MAX_HEAD_DIM 256
+
+#ifdef FLASHATTN_STATIC
+#define FA_API static
+#else
+#define FA_API extern
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One list makes the enum and the message table. */
+#define FA_STATUS_LIST(X)                                                              \
+    X(FA_OK, 0, "success")                                                             \
+    X(FA_ERR_NULL_POINTER, -1, "a required pointer is NULL")                           \
+    X(FA_ERR_INVALID_SIZE, -2, "a size is zero, negative or too large")                \
+    X(FA_ERR_INVALID_HEADS, -3, "heads_q is not a multiple of heads_kv")               \
+    X(FA_ERR_INVALID_LAYOUT, -4, "a tensor layout has negative or overlapping strides") \
+    X(FA_ERR_INVALID_ARGUMENT, -5, "an invalid dtype, scale, softcap or option")       \
+    X(FA_ERR_UNSUPPORTED, -6, "not supported by this build or device")                 \
+    X(FA_ERR_OUT_OF_MEMORY, -7, "an allocation failed")                                \
+    X(FA_ERR_THREAD, -8, "a worker thread could not be started")                       \
+    X(FA_ERR_WORKSPACE, -9, "the workspace is missing or too small")                   \
+    X(FA_ERR_CUDA, -10, "a CUDA runtime call failed")
+
+typedef enum fa_status {
+#define FA_I_STATUS_ENUM(name, value, text) name = value,
+    FA_STATUS_LIST(FA_I_STATUS_ENUM)
+#undef FA_I_STATUS_ENUM
+    FA_STATUS_MIN = -10
+} fa_status;
+
+typedef enum fa_dtype {
+    FA_DTYPE_F32 = 0,
+    FA_DTYPE_F16 = 1,
+    FA_DTYPE_BF16 = 2,
+    FA_DTYPE_FP8_E4M3 = 3, /* reserved: every path answers FA_ERR_UNSUPPORTED */
+    FA_DTYPE_COUNT
+} fa_dtype;
+
+/* Element strides of a [batch, seq, heads, head_dim] tensor; all zero = contiguous BSHD. */
+typedef struct fa_layout {
+    int64_t batch;
+    int64_t head;
+    int64_t seq;
+} fa_layout;
+
+typedef struct fa_params {
+    fa_dtype dtype;       /* storage of q, k, v, o, dout, dq, dk, dv; fp32 accumulation */
+    int batch;
+    int heads_q;
+    int heads_kv;         /* 0 = heads_q; heads_q % heads_kv == 0 (GQA, MQA) */
+    int seqlen_q;
+    int seqlen_k;
+    int head_dim;
+    float scale;          /* 0 = 1/sqrt(head_dim) */
+    int causal;           /* nonzero: causal mask, bottom-right aligned */
+    int window;           /* nonzero: sliding window of window_left/right keys */
+    int window_left;      /* with window: keys before the diagonal; negative = unbounded */
+    int window_right;     /* with window: keys after the diagonal; negative = unbounded */
+    float softcap;        /* 0 = off; c > 0: S = c * tanh(S / c) */
+
+    const void *q;
+    const void *k;
+    const void *v;
+    void *o;              /* forward output, backward input */
+    float *lse;           /* [B, Hq, Nq]; optional in forward (NULL), required in backward */
+    fa_layout q_layout, k_layout, v_layout, o_layout;
+
+    /* backward only */
+    const void *dout;
+    void *dq;
+    void *dk;
+    void *dv;
+    fa_layout dout_layout, dq_layout, dk_layout, dv_layout;
+} fa_params;
+
+typedef enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 } fa_pass;
+
+typedef enum fa_cpu_order {
+    FA_CPU_ORDER_FA2 = 0, /* query blocks outer, deferred normalization (default) */
+    FA_CPU_ORDER_FA1 = 1  /* key/value blocks outer, O/m/l state carried (FlashAttention 1) */
+} fa_cpu_order;
+
+typedef struct fa_cpu_options {
+    int num_threads;      /* 0 = 1; ignored with FA_NO_THREADS */
+    fa_cpu_order order;   /* forward loop order */
+} fa_cpu_options;
+
+FA_API const char *fa_status_string(fa_status status);
+/* Detail of the last error on the calling thread ("" when none). */
+FA_API const char *fa_last_error_detail(void);
+FA_API size_t fa_dtype_size(fa_dtype dtype);
+
+/* Validates p for the given pass and writes the resolved copy (defaults
+   filled in: heads_kv, scale, layouts) to *resolved, which may be NULL. */
+FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *resolved);
+
+/* Allowed keys of query row r are [*lo, *hi); empty when *lo >= *hi. p resolved. */
+FA_API void fa_key_range(const fa_params *p, int r, int *lo, int *hi);
+
+/* Storage conversions (round to nearest even). */
+FA_API float fa_f16_to_f32(uint16_t h);
+FA_API uint16_t fa_f32_to_f16(float f);
+FA_API float fa_bf16_to_f32(uint16_t h);
+FA_API uint16_t fa_f32_to_bf16(float f);
+
+/* CPU path. opt may be NULL. Forward writes o (and lse if not NULL);
+   backward reads q, k, v, o, lse, dout and writes dq, dk, dv. */
+FA_API fa_status fa_cpu_forward(const fa_params *p, const fa_cpu_options *opt);
+FA_API fa_status fa_cpu_backward(const fa_params *p, const fa_cpu_options *opt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_H */
+
+/* ======================================================================== */
+#ifdef FLASHATTN_IMPLEMENTATION
+#ifndef FLASHATTN_IMPLEMENTATION_DONE
+#define FLASHATTN_IMPLEMENTATION_DONE
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#if defined(FA_MALLOC) != defined(FA_FREE)
+#error "flashattn: define both FA_MALLOC and FA_FREE, or neither"
+#endif
+#ifndef FA_MALLOC
+#include <stdlib.h>
+#define FA_MALLOC(size) malloc(size)
+#define FA_FREE(ptr) free(ptr)
+#endif
+
+#ifndef FA_CPU_BLOCK_M
+#define FA_CPU_BLOCK_M 64
+#endif
+#ifndef FA_CPU_BLOCK_N
+#define FA_CPU_BLOCK_N 64
+#endif
+#if FA_CPU_BLOCK_M < 4 || FA_CPU_BLOCK_M > 512 || FA_CPU_BLOCK_M % 4 != 0
+#error "flashattn: FA_CPU_BLOCK_M must be a multiple of 4 in [4, 512]"
+#endif
+#if FA_CPU_BLOCK_N < 4 || FA_CPU_BLOCK_N > 512 || FA_CPU_BLOCK_N % 4 != 0
+#error "flashattn: FA_CPU_BLOCK_N must be a multiple of 4 in [4, 512]"
+#endif
+
+#ifndef FA_NO_THREADS
+#include <pthread.h>
+#endif
+
+#ifdef __cplusplus
+#define FA_RESTRICT __restrict
+#else
+#define FA_RESTRICT restrict
+#endif
+
+#if defined(_MSC_VER)
+#define FA_THREAD_LOCAL __declspec(thread)
+#elif defined(__GNUC__) || defined(__clang__)
+#define FA_THREAD_LOCAL __thread
+#else
+#define FA_THREAD_LOCAL /* no thread-local storage: the detail string is shared */
+#endif
+
+#define FA_I_LOG2E 1.4426950408889634f
+#define FA_I_LN2 0.6931471805599453f
+
+static FA_THREAD_LOCAL char fa_i_detail[256];
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records the detail string and returns the status, so validation reads
+   `return fa_i_fail(FA_ERR_..., "fmt", ...)`. */
+static fa_status fa_i_fail(fa_status status, const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(fa_i_detail, sizeof fa_i_detail, fmt, args);
+    va_end(args);
+    return status;
+}
+
+FA_API const char *fa_status_string(fa_status status)
+{
+    switch (status) {
+#define FA_I_STATUS_CASE(name, value, text) \
+    case name:                              \
+        return #name ": " text;
+        FA_STATUS_LIST(FA_I_STATUS_CASE)
+#undef FA_I_STATUS_CASE
+    default:
+        return "unknown fa_status";
+    }
+}
+
+FA_API const char *fa_last_error_detail(void) { return fa_i_detail; }
+
+FA_API size_t fa_dtype_size(fa_dtype dtype)
+{
+    switch (dtype) {
+    case FA_DTYPE_F32: return 4;
+    case FA_DTYPE_F16: return 2;
+    case FA_DTYPE_BF16: return 2;
+    case FA_DTYPE_FP8_E4M3: return 1;
+    default: return 0;
+    }
+}
+
+/* ---- conversions ------------------------------------------------------- */
+
+static float fa_i_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t fa_i_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+FA_API float fa_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu;
+    uint32_t mantissa = h & 0x3ffu;
+    if (exponent == 0x1f) return fa_i_bits_to_f32(sign | 0x7f800000u | (mantissa << 13));
+    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24 is exact in fp32 */
+        float f = (float)mantissa * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    return fa_i_bits_to_f32(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+FA_API uint16_t fa_f32_to_f16(float f)
+{
+    uint32_t u = fa_i_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    u &= 0x7fffffffu;
+    if (u >= 0x47800000u) /* >= 65536, inf or nan */
+        return (uint16_t)(sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (u < 0x38800000u) { /* below 2^-14: the fp32 adder rounds to the subnormal grid */
+        float a = fa_i_bits_to_f32(u) + 0.5f;
+        return (uint16_t)(sign | (fa_i_f32_to_bits(a) - 0x3f000000u));
+    }
+    u += 0xc8000fffu + ((u >> 13) & 1u); /* rebias exponent, round to nearest even */
+    return (uint16_t)(sign | (u >> 13));
+}
+
+FA_API float fa_bf16_to_f32(uint16_t h) { return fa_i_bits_to_f32((uint32_t)h << 16); }
+
+FA_API uint16_t fa_f32_to_bf16(float f)
+{
+    uint32_t u = fa_i_f32_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet nan */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* dst[i] = mul * src[i] for n elements of a row. */
+static void fa_i_load_row(float *FA_RESTRICT dst, const void *base, int64_t offset, int n,
+                          fa_dtype dtype, float mul)
+{
+    int i;
+    if (dtype == FA_DTYPE_F32) {
+        const float *src = (const float *)base + offset;
+        for (i = 0; i < n; ++i) dst[i] = mul * src[i];
+    } else if (dtype == FA_DTYPE_F16) {
+        const uint16_t *src = (const uint16_t *)base + offset;
+        for (i = 0; i < n; ++i) dst[i] = mul * fa_f16_to_f32(src[i]);
+    } else {
+        const uint16_t *src = (const uint16_t *)base + offset;
+        for (i = 0; i < n; ++i) dst[i] = mul * fa_i_bits_to_f32((uint32_t)src[i] << 16);
+    }
+}
+
+static void fa_i_store_row(void *base, int64_t offset, const float *src, int n, fa_dtype dtype,
+                           float mul)
+{
+    int i;
+    if (dtype == FA_DTYPE_F32) {
+        float *dst = (float *)base + offset;
+        for (i = 0; i < n; ++i) dst[i] = mul * src[i];
+    } else if (dtype == FA_DTYPE_F16) {
+        uint16_t *dst = (uint16_t *)base + offset;
+        for (i = 0; i < n; ++i) dst[i] = fa_f32_to_f16(mul * src[i]);
+    } else {
+        uint16_t *dst = (uint16_t *)base + offset;
+        for (i = 0; i < n; ++i) dst[i] = fa_f32_to_bf16(mul * src[i]);
+    }
+}
+
+/* ---- validation -------------------------------------------------------- */
+
+static int64_t fa_i_offset(const fa_layout *l, int b, int h, int s)
+{
+    return (int64_t)b * l->batch + (int64_t)h * l->head + (int64_t)s * l->seq;
+}
+
+/* Fills an all-zero layout with contiguous BSHD and checks that the
+   (b, s, h) -> offset map cannot make two rows of head_dim elements overlap:
+   sorted by stride, each stride must exceed the span of the smaller ones. */
+static fa_status fa_i_check_layout(fa_layout *l, const char *name, int batch, int seq, int heads,
+                                   int d)
+{
+    int64_t stride[3], extent[3], span = d;
+    int i, j, n = 0;
+    if (l->batch == 0 && l->head == 0 && l->seq == 0) {
+        l->head = d;
+        l->seq = (int64_t)heads * d;
+        l->batch = (int64_t)seq * heads * d;
+    }
+    if (l->batch < 0 || l->head < 0 || l->seq < 0)
+        return fa_i_fail(FA_ERR_INVALID_LAYOUT, "%s: negative stride", name);
+    if (batch > 1) { stride[n] = l->batch; extent[n++] = batch; }
+    if (heads > 1) { stride[n] = l->head; extent[n++] = heads; }
+    if (seq > 1) { stride[n] = l->seq; extent[n++] = seq; }
+    for (i = 1; i < n; ++i) /* insertion sort of at most three */
+        for (j = i; j > 0 && stride[j] < stride[j - 1]; --j) {
+            int64_t ts = stride[j], te = extent[j];
+            stride[j] = stride[j - 1]; extent[j] = extent[j - 1];
+            stride[j - 1] = ts; extent[j - 1] = te;
+        }
+    for (i = 0; i < n; ++i) {
+        if (stride[i] < span)
+            return fa_i_fail(FA_ERR_INVALID_LAYOUT,
+                             "%s: stride %lld makes rows overlap (needs >= %lld)", name,
+                             (long long)stride[i], (long long)span);
+        if (stride[i] > (INT64_MAX / 4) / extent[i])
+            return fa_i_fail(FA_ERR_INVALID_LAYOUT, "%s: stride %lld overflows 64-bit offsets",
+                             name, (long long)stride[i]);
+        span += (extent[i] - 1) * stride[i];
+    }
+    return FA_OK;
+}
+
+FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *resolved)
+{
+    fa_params r;
+    fa_status s;
+    fa_i_detail[0] = '\0';
+    if (!p) return fa_i_fail(FA_ERR_NULL_POINTER, "params is NULL");
+    r = *p;
+    if (pass != FA_PASS_FORWARD && pass != FA_PASS_BACKWARD)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "pass %d is not a fa_pass", (int)pass);
+    if ((int)r.dtype < 0 || r.dtype >= FA_DTYPE_COUNT)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "dtype %d is not a fa_dtype", (int)r.dtype);
+    if (r.dtype == FA_DTYPE_FP8_E4M3)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "dtype fp8 e4m3 is reserved");
+    if (r.batch <= 0 || r.heads_q <= 0 || r.heads_kv < 0 || r.seqlen_q <= 0 || r.seqlen_k <= 0 ||
+        r.head_dim <= 0)
+        return fa_i_fail(FA_ERR_INVALID_SIZE,
+                         "batch %d, heads_q %d, heads_kv %d, seqlen_q %d, seqlen_k %d, "
+                         "head_dim %d: each must be positive (heads_kv may be 0)",
+                         r.batch, r.heads_q, r.heads_kv, r.seqlen_q, r.seqlen_k, r.head_dim);
+    if (r.head_dim > FA_MAX_HEAD_DIM)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d > %d", r.head_dim, FA_MAX_HEAD_DIM);
+    if (r.heads_kv == 0) r.heads_kv = r.heads_q;
+    if (r.heads_q % r.heads_kv != 0)
+        return fa_i_fail(FA_ERR_INVALID_HEADS, "heads_q %d %% heads_kv %d != 0", r.heads_q,
+                         r.heads_kv);
+    if (!(r.scale >= 0.0f) || isinf(r.scale))
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "scale must be finite and >= 0");
+    if (r.scale == 0.0f) r.scale = 1.0f / sqrtf((float)r.head_dim);
+    if (!(r.softcap >= 0.0f) || isinf(r.softcap))
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "softcap must be finite and >= 0");
+    if (!r.q || !r.k || !r.v || !r.o)
+        return fa_i_fail(FA_ERR_NULL_POINTER, "q, k, v and o are required");
+    if (pass == FA_PASS_BACKWARD && (!r.lse || !r.dout || !r.dq || !r.dk || !r.dv))
+        return fa_i_fail(FA_ERR_NULL_POINTER, "backward needs lse, dout, dq, dk and dv");
+#define FA_I_CHECK(field, seq, heads)                                                        \
+    if ((s = fa_i_check_layout(&r.field, #field, r.batch, r.seq, r.heads, r.head_dim)) != FA_OK) \
+        return s;
+    FA_I_CHECK(q_layout, seqlen_q, heads_q)
+    FA_I_CHECK(k_layout, seqlen_k, heads_kv)
+    FA_I_CHECK(v_layout, seqlen_k, heads_kv)
+    FA_I_CHECK(o_layout, seqlen_q, heads_q)
+    if (pass == FA_PASS_BACKWARD) {
+        FA_I_CHECK(dout_layout, seqlen_q, heads_q)
+        FA_I_CHECK(dq_layout, seqlen_q, heads_q)
+        FA_I_CHECK(dk_layout, seqlen_k, heads_kv)
+        FA_I_CHECK(dv_layout, seqlen_k, heads_kv)
+    }
+#undef FA_I_CHECK
+    if (resolved) *resolved = r;
+    return FA_OK;
+}
+
+FA_API void fa_key_range(const fa_params *p, int r, int *lo, int *hi)
+{
+    int64_t diag = (int64_t)r + p->seqlen_k - p->seqlen_q; /* bottom-right aligned */
+    int64_t a = 0, b = p->seqlen_k;
+    if (p->causal && diag + 1 < b) b = diag + 1;
+    if (p->window && p->window_right >= 0 && diag + p->window_right + 1 < b)
+        b = diag + p->window_right + 1;
+    if (p->window && p->window_left >= 0 && diag - p->window_left > a) a = diag - p->window_left;
+    if (b < a) b = a;
+    *lo = (int)(a < p->seqlen_k ? a : p->seqlen_k);
+    *hi = (int)(b < 0 ? 0 : b);
+}
+
+/* How much of the tile rows [r0, r1) x keys [c0, c1) is visible:
+   0 none, 1 some (needs masking), 2 all. Key ranges grow with r. */
+static int fa_i_tile_visibility(const fa_params *p, int r0, int r1, int c0, int c1)
+{
+    int lo_first, hi_first, lo_last, hi_last;
+    fa_key_range(p, r0, &lo_first, &hi_first);
+    fa_key_range(p, r1 - 1, &lo_last, &hi_last);
+    if (hi_last <= c0 || lo_first >= c1) return 0;
+    if (lo_last <= c0 && hi_first >= c1 && lo_first < hi_first) return 2;
+    return 1;
+}
+
+/* ---- CPU math kernels ---------------------------------------------------- */
+
+/* 2^x for x <= 0 (exact 0 below -126, including -inf); vectorizes. Cephes
+   exp2f polynomial on [-0.5, 0.5], relative error about 2e-7. */
+static float fa_i_exp2(float x)
+{
+    float xi, f, poly;
+    int keep = x >= -126.0f;
+    x = keep ? x : -126.0f;
+    xi = floorf(x + 0.5f);
+    f = x - xi;
+    poly = 1.535336188319500e-4f;
+    poly = poly * f + 1.339887440266574e-3f;
+    poly = poly * f + 9.618437357674640e-3f;
+    poly = poly * f + 5.550332471162809e-2f;
+    poly = poly * f + 2.402264791363012e-1f;
+    poly = poly * f + 6.931472028550421e-1f;
+    poly = poly * f + 1.0f;
+    return keep ? poly * fa_i_bits_to_f32((uint32_t)((int32_t)xi + 127) << 23) : 0.0f;
+}
+
+/* C[M x N] += A[M x K] * B[K x N], row-major with leading dimensions. The
+   main loop holds a 4 x FA_I_NR block of C in registers (fixed trip counts
+   let the compiler keep acc in vector registers) while K streams past. */
+#define FA_I_NR 32
+static void fa_i_matmul(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a, int lda,
+                        const float *FA_RESTRICT b, int ldb, int M, int N, int K)
+{
+    int i = 0, k, n, j, r;
+    for (; i + 4 <= M; i += 4) {
+        const float *a0 = a + (size_t)i * lda;
+        for (n = 0; n + FA_I_NR <= N; n += FA_I_NR) {
+            float acc[4][FA_I_NR];
+            for (r = 0; r < 4; ++r)
+                for (j = 0; j < FA_I_NR; ++j) acc[r][j] = c[(size_t)(i + r) * ldc + n + j];
+            for (k = 0; k < K; ++k) {
+                const float *FA_RESTRICT bk = b + (size_t)k * ldb + n;
+                const float x0 = a0[k], x1 = a0[lda + k], x2 = a0[2 * lda + k], x3 = a0[3 * lda + k];
+                for (j = 0; j < FA_I_NR; ++j) {
+                    acc[0][j] += x0 * bk[j];
+                    acc[1][j] += x1 * bk[j];
+                    acc[2][j] += x2 * bk[j];
+                    acc[3][j] += x3 * bk[j];
+                }
+            }
+            for (r = 0; r < 4; ++r)
+                for (j = 0; j < FA_I_NR; ++j) c[(size_t)(i + r) * ldc + n + j] = acc[r][j];
+        }
+        for (; n < N; ++n) /* column tail */
+            for (r = 0; r < 4; ++r) {
+                float sum = c[(size_t)(i + r) * ldc + n];
+                for (k = 0; k < K; ++k) sum += a0[(size_t)r * lda + k] * b[(size_t)k * ldb + n];
+                c[(size_t)(i + r) * ldc + n] = sum;
+            }
+    }
+    for (; i < M; ++i) { /* row tail */
+        float *FA_RESTRICT ci = c + (size_t)i * ldc;
+        for (k = 0; k < K; ++k) {
+            const float *FA_RESTRICT bk = b + (size_t)k * ldb;
+            const float x = a[(size_t)i * lda + k];
+            for (n = 0; n < N; ++n) ci[n] += x * bk[n];
+        }
+    }
+}
+#undef FA_I_NR
+
+/* dst[c][r] = src[r][c] for an R x C tile. */
+static void fa_i_transpose(float *FA_RESTRICT dst, int ldd, const float *FA_RESTRICT src, int lds,
+                           int R, int C)
+{
+    int r, c;
+    for (r = 0; r < R; ++r)
+        for (c = 0; c < C; ++c) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+}
+
+/* Loads rows [r0, r0 + rows) of one head, scaled by mul, into dst[rows][d]. */
+static void fa_i_load_tile(float *dst, const void *base, const fa_layout *l, int b, int h,
+                           int r0, int rows, int d, fa_dtype dtype, float mul)
+{
+    int r;
+    for (r = 0; r < rows; ++r)
+        fa_i_load_row(dst + (size_t)r * d, base, fa_i_offset(l, b, h, r0 + r), d, dtype, mul);
+}
+
+/* Loads key rows [c0, c0 + cols) transposed into kt[d][FA_CPU_BLOCK_N]. */
+static void fa_i_load_kt(float *kt, float *row, const fa_params *p, int b, int hk, int c0, int cols)
+{
+    int c, i;
+    for (c = 0; c < cols; ++c) {
+        fa_i_load_row(row, p->k, fa_i_offset(&p->k_layout, b, hk, c0 + c), p->head_dim, p->dtype,
+                      1.0f);
+        for (i = 0; i < p->head_dim; ++i) kt[(size_t)i * FA_CPU_BLOCK_N + c] = row[i];
+    }
+}
+
+/* Turns raw logits of a tile (already scaled) into base-2 scores: softcap,
+   then the mask (-inf outside each row's key range). */
+static void fa_i_scores(const fa_params *p, float *s, int lds, int r0, int rows, int c0,
+                        int cols, int visibility)
+{
+    int r, c;
+    if (p->softcap > 0.0f) {
+        const float outer = p->softcap * FA_I_LOG2E;
+        for (r = 0; r < rows; ++r)
+            for (c = 0; c < cols; ++c) s[(size_t)r * lds + c] = outer * tanhf(s[(size_t)r * lds + c]);
+    }
+    if (visibility == 2) return;
+    for (r = 0; r < rows; ++r) {
+        int lo, hi;
+        float *row = s + (size_t)r * lds;
+        fa_key_range(p, r0 + r, &lo, &hi);
+        for (c = 0; c < cols; ++c)
+            if (c0 + c < lo || c0 + c >= hi) row[c] = -INFINITY;
+    }
+}
+
+/* Factor applied to Q at load so that Q K^T is the base-2 score (or, with
+   softcap, the argument of tanh). */
+static float fa_i_q_multiplier(const fa_params *p)
+{
+    return p->softcap > 0.0f ? p->scale / p->softcap : p->scale * FA_I_LOG2E;
+}
+
+/* Overwrites the base-2 scores of one row with 2^(s - max) and returns their sum. */
+static float fa_i_exp_row(float *row, int n, float max)
+{
+    float sum = 0.0f;
+    int c;
+    for (c = 0; c < n; ++c) {
+        row[c] = fa_i_exp2(row[c] - max);
+        sum += row[c];
+    }
+    return sum;
+}
+
+static float fa_i_row_max(const float *row, int n, float init)
+{
+    float m = init;
+    int c;
+    for (c = 0; c < n; ++c) m = row[c] > m ? row[c] : m;
+    return m;
+}
+
+/* ---- a tiny task pool ----------------------------------------------------- */
+
+struct fa_i_job;
+typedef void (*fa_i_task_fn)(const struct fa_i_job *job, int task, float *scratch);
+
+typedef struct fa_i_job {
+    const fa_params *p;
+    fa_i_task_fn run;
+    int num_tasks;
+    size_t scratch_floats;
+    float *shared;          /* job-wide buffer (backward's D) */
+    int next_task;
+    fa_status status;
+#ifndef FA_NO_THREADS
+    pthread_mutex_t lock;
+#endif
+} fa_i_job;
+
+static int fa_i_take_task(fa_i_job *job)
+{
+    int t;
+#ifndef FA_NO_THREADS
+    pthread_mutex_lock(&job->lock);
+#endif
+    t = job->status == FA_OK && job->next_task < job->num_tasks ? job->next_task++ : -1;
+#ifndef FA_NO_THREADS
+    pthread_mutex_unlock(&job->lock);
+#endif
+    return t;
+}
+
+static void fa_i_set_status(fa_i_job *job, fa_status s)
+{
+#ifndef FA_NO_THREADS
+    pthread_mutex_lock(&job->lock);
+#endif
+    if (job->status == FA_OK) job->status = s;
+#ifndef FA_NO_THREADS
+    pthread_mutex_unlock(&job->lock);
+#endif
+}
+
+static void *fa_i_worker(void *arg)
+{
+    fa_i_job *job = (fa_i_job *)arg;
+    float *scratch = (float *)FA_MALLOC(job->scratch_floats * sizeof(float));
+    int t;
+    if (!scratch) {
+        fa_i_set_status(job, FA_ERR_OUT_OF_MEMORY);
+        return NULL;
+    }
+    while ((t = fa_i_take_task(job)) >= 0) job->run(job, t, scratch);
+    FA_FREE(scratch);
+    return NULL;
+}
+
+/* Runs every task of the job on num_threads threads (the caller's included). */
+static fa_status fa_i_run_job(fa_i_job *job, int num_threads)
+{
+#ifndef FA_NO_THREADS
+    pthread_t threads[64];
+    int i, started = 0;
+    if (num_threads > 64) num_threads = 64;
+    if (num_threads > job->num_tasks) num_threads = job->num_tasks;
+    if (pthread_mutex_init(&job->lock, NULL) != 0)
+        return fa_i_fail(FA_ERR_THREAD, "pthread_mutex_init failed");
+    for (i = 1; i < num_threads; ++i) {
+        if (pthread_create(&threads[started], NULL, fa_i_worker, job) != 0) {
+            fa_i_set_status(job, FA_ERR_THREAD);
+            break;
+        }
+        ++started;
+    }
+    fa_i_worker(job);
+    for (i = 0; i < started; ++i) pthread_join(threads[i], NULL);
+    pthread_mutex_destroy(&job->lock);
+#else
+    (void)num_threads;
+    fa_i_worker(job);
+#endif
+    if (job->status == FA_ERR_OUT_OF_MEMORY)
+        return fa_i_fail(job->status, "CPU scratch of %zu floats", job->scratch_floats);
+    if (job->status != FA_OK) return fa_i_fail(job->status, "pthread_create failed");
+    return FA_OK;
+}
+
+static int fa_i_ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* ---- forward, FA2 order ---------------------------------------------------
+   One task per (batch, query head, query block). The block's O accumulator,
+   row max m and row sum l stay in scratch while every visible key block
+   streams past; O is divided by l once at the end (deferred normalization). */
+
+#define FA_I_BM FA_CPU_BLOCK_M
+#define FA_I_BN FA_CPU_BLOCK_N
+
+static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
+{
+    const fa_params *p = job->p;
+    const int d = p->head_dim, nqb = fa_i_ceil_div(p->seqlen_q, FA_I_BM);
+    const int b = task / (nqb * p->heads_q), h = (task / nqb) % p->heads_q;
+    const int hk = h / (p->heads_q / p->heads_kv);
+    const int r0 = (task % nqb) * FA_I_BM;
+    const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
+    float *q = scratch, *kt = q + FA_I_BM * d, *v = kt + (size_t)d * FA_I_BN;
+    float *s = v + (size_t)FA_I_BN * d, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * d;
+    float *l = m + FA_I_BM, *krow = l + FA_I_BM;
+    int lo, hi, hi_last, c0, r, c;
+
+    fa_i_load_tile(q, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p));
+    memset(o, 0, sizeof(float) * rows * d);
+    for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
+    fa_key_range(p, r0, &lo, &hi);
+    fa_key_range(p, r0 + rows - 1, &c, &hi_last);
+    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi_last; c0 += FA_I_BN) {
+        const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
+        const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
+        if (!vis) continue;
+        fa_i_load_kt(kt, krow, p, b, hk, c0, cols); /* S = Q K^T as a plain matmul */
+        fa_i_load_tile(v, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+        memset(s, 0, sizeof(float) * FA_I_BM * FA_I_BN);
+        fa_i_matmul(s, FA_I_BN, q, d, kt, FA_I_BN, rows, cols, d);
+        fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
+        for (r = 0; r < rows; ++r) {
+            float *srow = s + (size_t)r * FA_I_BN, *orow = o + (size_t)r * d;
+            const float m_new = fa_i_row_max(srow, cols, m[r]);
+            float alpha;
+            if (m_new == -INFINITY) { /* nothing visible yet in this row */
+                memset(srow, 0, sizeof(float) * cols);
+                continue;
+            }
+            alpha = fa_i_exp2(m[r] - m_new);
+            l[r] = l[r] * alpha + fa_i_exp_row(srow, cols, m_new);
+            m[r] = m_new;
+            for (c = 0; c < d; ++c) orow[c] *= alpha;
+        }
+        fa_i_matmul(o, d, s, FA_I_BN, v, d, rows, d, cols);
+    }
+    for (r = 0; r < rows; ++r) {
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * d, d,
+                       p->dtype, inv);
+        if (p->lse)
+            p->lse[((size_t)b * p->heads_q + h) * p->seqlen_q + r0 + r] =
+                l[r] > 0.0f ? (m[r] + log2f(l[r])) * FA_I_LN2 : -INFINITY;
+    }
+}
+
+static size_t fa_i_forward_fa2_scratch(const fa_params *p)
+{
+    const size_t d = (size_t)p->head_dim;
+    return 2 * FA_I_BM * d + 2 * d * FA_I_BN + FA_I_BM * FA_I_BN + 2 * FA_I_BM + d;
+}
+
+/* ---- forward, FA1 order ---------------------------------------------------
+   One task per (batch, query head). Key/value blocks are the outer loop and
+   each is loaded once; every query block's normalized O, m and l are read
+   and written back per key block, as in FlashAttention 1. */
+
+static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
+{
+    const fa_params *p = job->p;
+    const int d = p->head_dim, nq = p->seqlen_q;
+    const int b = task / p->heads_q, h = task % p->heads_q;
+    const int hk = h / (p->heads_q / p->heads_kv);
+    /* o_state, m_state, l_state stand in for the O, m, l arrays in HBM. */
+    float *o_state = scratch, *m_state = o_state + (size_t)nq * d, *l_state = m_state + nq;
+    float *q = l_state + nq, *kt = q + FA_I_BM * d, *v = kt + (size_t)d * FA_I_BN;
+    float *s = v + (size_t)FA_I_BN * d, *pv = s + FA_I_BM * FA_I_BN, *m_tile = pv + FA_I_BM * d;
+    float *l_tile = m_tile + FA_I_BM, *krow = l_tile + FA_I_BM;
+    int c0, r0, r, c;
+
+    memset(o_state, 0, sizeof(float) * nq * d);
+    for (r = 0; r < nq; ++r) { m_state[r] = -INFINITY; l_state[r] = 0.0f; }
+    for (c0 = 0; c0 < p->seqlen_k; c0 += FA_I_BN) {
+        const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
+        fa_i_load_kt(kt, krow, p, b, hk, c0, cols);
+        fa_i_load_tile(v, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+        for (r0 = 0; r0 < nq; r0 += FA_I_BM) {
+            const int rows = nq - r0 < FA_I_BM ? nq - r0 : FA_I_BM;
+            const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
+            if (!vis) continue;
+            fa_i_load_tile(q, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype,
+                           fa_i_q_multiplier(p));
+            memset(s, 0, sizeof(float) * FA_I_BM * FA_I_BN);
+            fa_i_matmul(s, FA_I_BN, q, d, kt, FA_I_BN, rows, cols, d);
+            fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
+            for (r = 0; r < rows; ++r) { /* P~ = exp(S - m~), l~ = rowsum(P~) */
+                float *srow = s + (size_t)r * FA_I_BN;
+                m_tile[r] = fa_i_row_max(srow, cols, -INFINITY);
+                if (m_tile[r] == -INFINITY) {
+                    memset(srow, 0, sizeof(float) * cols);
+                    l_tile[r] = 0.0f;
+                } else {
+                    l_tile[r] = fa_i_exp_row(srow, cols, m_tile[r]);
+                }
+            }
+            memset(pv, 0, sizeof(float) * FA_I_BM * d);
+            fa_i_matmul(pv, d, s, FA_I_BN, v, d, rows, d, cols);
+            for (r = 0; r < rows; ++r) { /* merge with the carried, normalized state */
+                float *orow = o_state + (size_t)(r0 + r) * d, *pvrow = pv + (size_t)r * d;
+                const float m_old = m_state[r0 + r];
+                float m_new, w_old, w_tile, l_new;
+                if (m_tile[r] == -INFINITY) continue;
+                m_new = m_old > m_tile[r] ? m_old : m_tile[r];
+                w_old = l_state[r0 + r] * fa_i_exp2(m_old - m_new);
+                w_tile = fa_i_exp2(m_tile[r] - m_new);
+                l_new = w_old + w_tile * l_tile[r];
+                for (c = 0; c < d; ++c) orow[c] = (w_old * orow[c] + w_tile * pvrow[c]) / l_new;
+                m_state[r0 + r] = m_new;
+                l_state[r0 + r] = l_new;
+            }
+        }
+    }
+    for (r = 0; r < nq; ++r) {
+        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r), o_state + (size_t)r * d, d,
+                       p->dtype, 1.0f);
+        if (p->lse)
+            p->lse[((size_t)b * p->heads_q + h) * nq + r] =
+                l_state[r] > 0.0f ? (m_state[r] + log2f(l_state[r])) * FA_I_LN2 : -INFINITY;
+    }
+}
+
+static size_t fa_i_forward_fa1_scratch(const fa_params *p)
+{
+    const size_t d = (size_t)p->head_dim;
+    return (size_t)p->seqlen_q * (d + 2) + 2 * FA_I_BM * d + 2 * d * FA_I_BN +
+           FA_I_BM * FA_I_BN + 2 * FA_I_BM + d;
+}
+
+/* ---- backward ---------------------------------------------------------------
+   By recomputation from LSE, in two passes so that every output row has one
+   owner (no atomics, bitwise deterministic for any thread count):
+     dQ pass, one task per (batch, query head, query block): D = rowsum(dO*O),
+       then for each visible key block P, dP = dO V^T, dS = P (dP - D),
+       dQ += scale dS K.
+     dK/dV pass, one task per (batch, kv head, key block): for each query head
+       of the group and visible query block, dV += P^T dO, dK += scale dS^T Q.
+   The price is recomputing S and dP in both passes (7 tile matmuls, not 5). */
+
+typedef struct fa_i_bwd_scratch {
+    float *q, *dout, *k, *kt, *vt, *s, *dp, *t, *acc, *acc2, *lse2, *dsum, *row;
+} fa_i_bwd_scratch;
+
+static fa_i_bwd_scratch fa_i_bwd_carve(float *w, int d)
+{
+    fa_i_bwd_scratch x;
+    const size_t bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
+    const size_t t_cols = FA_I_BM > (size_t)d ? FA_I_BM : (size_t)d; /* P^T, dS^T or V rows */
+    x.q = w; x.dout = x.q + FA_I_BM * d; x.k = x.dout + FA_I_BM * d;
+    x.kt = x.k + FA_I_BN * d; x.vt = x.kt + FA_I_BN * d;
+    x.s = x.vt + FA_I_BN * d; x.dp = x.s + FA_I_BM * FA_I_BN; x.t = x.dp + FA_I_BM * FA_I_BN;
+    x.acc = x.t + FA_I_BN * t_cols; x.acc2 = x.acc + bmn * d; x.lse2 = x.acc2 + FA_I_BN * d;
+    x.dsum = x.lse2 + FA_I_BM; x.row = x.dsum + FA_I_BM;
+    return x;
+}
+
+static size_t fa_i_backward_scratch(const fa_params *p)
+{
+    const size_t d = (size_t)p->head_dim, bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
+    const size_t t_cols = FA_I_BM > d ? FA_I_BM : d;
+    return 2 * FA_I_BM * d + 3 * FA_I_BN * d + 2 * FA_I_BM * FA_I_BN + FA_I_BN * t_cols +
+           bmn * d + FA_I_BN * d + 2 * FA_I_BM + d;
+}
+
+/* Loads the query-side rows of a tile: raw Q, dO, base-2 LSE and D. */
+static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, int h, int r0,
+                               int rows)
+{
+    const fa_params *p = job->p;
+    const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
+    int r;
+    fa_i_load_tile(x->q, p->q, &p->q_layout, b, h, r0, rows, p->head_dim, p->dtype, 1.0f);
+    fa_i_load_tile(x->dout, p->dout, &p->dout_layout, b, h, r0, rows, p->head_dim, p->dtype,
+                   1.0f);
+    for (r = 0; r < rows; ++r) {
+        /* A fully masked row has LSE = -inf; +inf makes its P = 2^(-inf) = 0. */
+        const float lse = p->lse[lse_base + r];
+        x->lse2[r] = lse == -INFINITY ? INFINITY : lse * FA_I_LOG2E;
+        x->dsum[r] = job->shared[lse_base + r];
+    }
+}
+
+/* Loads a key block: K (rows), K^T and V^T. */
+static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, int hk, int c0,
+                               int cols)
+{
+    const int d = p->head_dim;
+    fa_i_load_tile(x->k, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+    fa_i_transpose(x->kt, FA_I_BN, x->k, d, cols, d);
+    fa_i_load_tile(x->t, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+    fa_i_transpose(x->vt, FA_I_BN, x->t, d, cols, d);
+}
+
+/* Recomputes a tile: x->s becomes P and x->dp becomes dS (including the
+   softcap's tanh derivative; the final factor scale is applied on store). */
+static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int rows, int c0,
+                          int cols, int vis)
+{
+    const int d = p->head_dim;
+    const float qmul = fa_i_q_multiplier(p);
+    const float inv_cap = p->softcap > 0.0f ? 1.0f / (p->softcap * FA_I_LOG2E) : 0.0f;
+    int r, c;
+    memset(x->s, 0, sizeof(float) * FA_I_BM * FA_I_BN);
+    memset(x->dp, 0, sizeof(float) * FA_I_BM * FA_I_BN);
+    fa_i_matmul(x->s, FA_I_BN, x->q, d, x->kt, FA_I_BN, rows, cols, d);
+    for (r = 0; r < rows; ++r)
+        for (c = 0; c < cols; ++c) x->s[r * FA_I_BN + c] *= qmul;
+    fa_i_scores(p, x->s, FA_I_BN, r0, rows, c0, cols, vis);
+    fa_i_matmul(x->dp, FA_I_BN, x->dout, d, x->vt, FA_I_BN, rows, cols, d);
+    for (r = 0; r < rows; ++r) {
+        float *srow = x->s + (size_t)r * FA_I_BN, *dprow = x->dp + (size_t)r * FA_I_BN;
+        for (c = 0; c < cols; ++c) {
+            const float prob = fa_i_exp2(srow[c] - x->lse2[r]);
+            float ds = prob * (dprow[c] - x->dsum[r]);
+            if (p->softcap > 0.0f) { /* d(c tanh(x/c))/dx = 1 - tanh^2; 0 where masked */
+                const float th = srow[c] * inv_cap;
+                ds = prob > 0.0f ? ds * (1.0f - th * th) : 0.0f;
+            }
+            srow[c] = prob;
+            dprow[c] = ds;
+        }
+    }
+}
+
+static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
+{
+    const fa_params *p = job->p;
+    const int d = p->head_dim, nqb = fa_i_ceil_div(p->seqlen_q, FA_I_BM);
+    const int b = task / (nqb * p->heads_q), h = (task / nqb) % p->heads_q;
+    const int hk = h / (p->heads_q / p->heads_kv);
+    const int r0 = (task % nqb) * FA_I_BM;
+    const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
+    const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
+    fa_i_bwd_scratch x = fa_i_bwd_carve(scratch, d);
+    int lo, hi, hi_last, c0, r, c;
+
+    for (r = 0; r < rows; ++r) { /* D = rowsum(dO * O), kept for the dK/dV pass */
+        float sum = 0.0f;
+        fa_i_load_row(x.row, p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), d, p->dtype, 1.0f);
+        fa_i_load_row(x.acc, p->dout, fa_i_offset(&p->dout_layout, b, h, r0 + r), d, p->dtype,
+                      1.0f);
+        for (c = 0; c < d; ++c) sum += x.row[c] * x.acc[c];
+        job->shared[lse_base + r] = sum;
+    }
+    fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
+    memset(x.acc, 0, sizeof(float) * FA_I_BM * d);
+    fa_key_range(p, r0, &lo, &hi);
+    fa_key_range(p, r0 + rows - 1, &c, &hi_last);
+    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi_last; c0 += FA_I_BN) {
+        const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
+        const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
+        if (!vis) continue;
+        fa_i_bwd_load_keys(p, &x, b, hk, c0, cols);
+        fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
+        fa_i_matmul(x.acc, d, x.dp, FA_I_BN, x.k, d, rows, d, cols);
+    }
+    for (r = 0; r < rows; ++r)
+        fa_i_store_row(p->dq, fa_i_offset(&p->dq_layout, b, h, r0 + r), x.acc + (size_t)r * d, d,
+                       p->dtype, p->scale);
+}
+
+static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch)
+{
+    const fa_params *p = job->p;
+    const int d = p->head_dim, nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
+    const int b = task / (nkb * p->heads_kv), hk = (task / nkb) % p->heads_kv;
+    const int group = p->heads_q / p->heads_kv;
+    const int c0 = (task % nkb) * FA_I_BN;
+    const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
+    fa_i_bwd_scratch x = fa_i_bwd_carve(scratch, d);
+    int h, r0, r;
+
+    fa_i_bwd_load_keys(p, &x, b, hk, c0, cols);
+    memset(x.acc, 0, sizeof(float) * FA_I_BN * d);  /* dK */
+    memset(x.acc2, 0, sizeof(float) * FA_I_BN * d); /* dV */
+    for (h = hk * group; h < (hk + 1) * group; ++h)
+        for (r0 = 0; r0 < p->seqlen_q; r0 += FA_I_BM) {
+            const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
+            const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
+            if (!vis) continue;
+            fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
+            fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
+            fa_i_transpose(x.t, FA_I_BM, x.s, FA_I_BN, rows, cols);
+            fa_i_matmul(x.acc2, d, x.t, FA_I_BM, x.dout, d, cols, d, rows);
+            fa_i_transpose(x.t, FA_I_BM, x.dp, FA_I_BN, rows, cols);
+            fa_i_matmul(x.acc, d, x.t, FA_I_BM, x.q, d, cols, d, rows);
+        }
+    for (r = 0; r < cols; ++r) {
+        fa_i_store_row(p->dk, fa_i_offset(&p->dk_layout, b, hk, c0 + r), x.acc + (size_t)r * d, d,
+                       p->dtype, p->scale);
+        fa_i_store_row(p->dv, fa_i_offset(&p->dv_layout, b, hk, c0 + r), x.acc2 + (size_t)r * d,
+                       d, p->dtype, 1.0f);
+    }
+}
+
+/* ---- entry points ---------------------------------------------------------- */
+
+static fa_status fa_i_cpu_options(const fa_cpu_options *opt, fa_cpu_options *out)
+{
+    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    memset(&o, 0, sizeof o);
+    if (opt) o = *opt;
+    if (o.num_threads < 0)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "num_threads %d < 0", o.num_threads);
+    if (o.order != FA_CPU_ORDER_FA2 && o.order != FA_CPU_ORDER_FA1)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "order %d is not a fa_cpu_order", (int)o.order);
+    if (o.num_threads == 0) o.num_threads = 1;
+    *out = o;
+    return FA_OK;
+}
+
+/* Task counts are ints; refuse problems whose tile count would overflow one. */
+static fa_status fa_i_task_count(int64_t count, int *out)
+{
+    if (count > 0x7fffffff) return fa_i_fail(FA_ERR_INVALID_SIZE, "%lld tiles", (long long)count);
+    *out = (int)count;
+    return FA_OK;
+}
+
+FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *opt)
+{
+    fa_params p;
+    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    fa_i_job job;
+    fa_status s;
+    int64_t bh;
+    if ((s = fa_params_resolve(params, FA_PASS_FORWARD, &p)) != FA_OK) return s;
+    if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
+    memset(&job, 0, sizeof job);
+    job.p = &p;
+    bh = (int64_t)p.batch * p.heads_q;
+    if (o.order == FA_CPU_ORDER_FA1) {
+        job.run = fa_i_forward_fa1_task;
+        job.scratch_floats = fa_i_forward_fa1_scratch(&p);
+        s = fa_i_task_count(bh, &job.num_tasks);
+    } else {
+        job.run = fa_i_forward_fa2_task;
+        job.scratch_floats = fa_i_forward_fa2_scratch(&p);
+        s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &job.num_tasks);
+    }
+    return s != FA_OK ? s : fa_i_run_job(&job, o.num_threads);
+}
+
+FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *opt)
+{
+    fa_params p;
+    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    fa_i_job job;
+    fa_status s;
+    const int64_t bh = params ? (int64_t)params->batch * params->heads_q : 0;
+    if ((s = fa_params_resolve(params, FA_PASS_BACKWARD, &p)) != FA_OK) return s;
+    if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
+    memset(&job, 0, sizeof job);
+    job.p = &p;
+    job.scratch_floats = fa_i_backward_scratch(&p);
+    job.shared = (float *)FA_MALLOC(sizeof(float) * (size_t)bh * p.seqlen_q);
+    if (!job.shared) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "D of %lld floats", (long long)bh);
+    job.run = fa_i_backward_dq_task;
+    s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &job.num_tasks);
+    if (s == FA_OK) s = fa_i_run_job(&job, o.num_threads);
+    if (s == FA_OK) {
+        job.run = fa_i_backward_dkv_task;
+        job.next_task = 0;
+        s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BN),
+                            &job.num_tasks);
+        if (s == FA_OK) s = fa_i_run_job(&job, o.num_threads);
+    }
+    FA_FREE(job.shared);
+    return s;
+}
+
+#undef FA_I_BM
+#undef FA_I_BN
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_IMPLEMENTATION_DONE */
+#endif /* FLASHATTN_IMPLEMENTATION */

@@ -1,0 +1,245 @@
+"""ctypes binding of the flashattn shared objects and helpers to build problems.
+
+A Problem holds one attention configuration and its random inputs as float64
+logical [B, N, H, d] arrays (already rounded to the storage dtype), stores
+them in the requested layout, and runs a backend on them: 'fa2' and 'fa1'
+(CPU loop orders), 'ref' (flashattn_ref.h) or 'gpu' (flashattn_cuda.cuh).
+"""
+import ctypes
+import os
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build")
+
+FA_OK = 0
+STATUS = {
+    "FA_OK": 0, "FA_ERR_NULL_POINTER": -1, "FA_ERR_INVALID_SIZE": -2,
+    "FA_ERR_INVALID_HEADS": -3, "FA_ERR_INVALID_LAYOUT": -4, "FA_ERR_INVALID_ARGUMENT": -5,
+    "FA_ERR_UNSUPPORTED": -6, "FA_ERR_OUT_OF_MEMORY": -7, "FA_ERR_THREAD": -8,
+    "FA_ERR_WORKSPACE": -9, "FA_ERR_CUDA": -10,
+}
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "fp8": 3}
+STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+POISON = {"f32": np.float32(np.nan), "f16": np.float16(np.nan), "bf16": np.uint16(0x7FC0)}
+
+
+class Layout(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("head", ctypes.c_int64), ("seq", ctypes.c_int64)]
+
+
+class Params(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int), ("batch", ctypes.c_int), ("heads_q", ctypes.c_int),
+        ("heads_kv", ctypes.c_int), ("seqlen_q", ctypes.c_int), ("seqlen_k", ctypes.c_int),
+        ("head_dim", ctypes.c_int), ("scale", ctypes.c_float), ("causal", ctypes.c_int),
+        ("window", ctypes.c_int), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
+        ("softcap", ctypes.c_float),
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("q_layout", Layout), ("k_layout", Layout), ("v_layout", Layout), ("o_layout", Layout),
+        ("dout", ctypes.c_void_p), ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p),
+        ("dv", ctypes.c_void_p),
+        ("dout_layout", Layout), ("dq_layout", Layout), ("dk_layout", Layout),
+        ("dv_layout", Layout),
+    ]
+
+
+class CpuOptions(ctypes.Structure):
+    _fields_ = [("num_threads", ctypes.c_int), ("order", ctypes.c_int)]
+
+
+def _load(name):
+    path = os.path.join(BUILD, name)
+    if not os.path.exists(path):
+        return None
+    lib = ctypes.CDLL(path)
+    lib.fa_status_string.restype = ctypes.c_char_p
+    lib.fa_last_error_detail.restype = ctypes.c_char_p
+    return lib
+
+
+CPU = _load("libflashattn_test.so")
+if CPU is None:
+    raise SystemExit("build/libflashattn_test.so is missing: run the tests through `make test`")
+CPU.fa_test_params_size.restype = ctypes.c_size_t
+CPU.fa_test_params_offset.restype = ctypes.c_size_t
+CPU.fa_test_params_offset.argtypes = [ctypes.c_char_p]
+CPU.fa_f32_to_f16.restype = ctypes.c_uint16
+CPU.fa_f32_to_f16.argtypes = [ctypes.c_float]
+CPU.fa_f32_to_bf16.restype = ctypes.c_uint16
+CPU.fa_f32_to_bf16.argtypes = [ctypes.c_float]
+CPU.fa_f16_to_f32.restype = ctypes.c_float
+CPU.fa_f16_to_f32.argtypes = [ctypes.c_uint16]
+CPU.fa_bf16_to_f32.restype = ctypes.c_float
+CPU.fa_bf16_to_f32.argtypes = [ctypes.c_uint16]
+
+
+def bf16_bits(x):
+    """float -> bf16 bit patterns, round to nearest even (NaN stays NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    out = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    return np.where(nan, np.uint16(0x7FC0), out)
+
+
+def bf16_value(bits):
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def to_storage(x, dtype):
+    """float64 values -> storage array of dtype."""
+    if dtype == "bf16":
+        return bf16_bits(x)
+    return np.asarray(x).astype(STORAGE[dtype])
+
+
+def from_storage(s, dtype):
+    if dtype == "bf16":
+        return bf16_value(s)
+    return np.asarray(s).astype(np.float64)
+
+
+def quantize(x, dtype):
+    """The float64 value that x has once stored in dtype."""
+    return from_storage(to_storage(x, dtype), dtype)
+
+
+class Tensor:
+    """A [B, N, H, d] tensor stored in one of the layouts 'bshd', 'bhsd', 'padded'."""
+
+    def __init__(self, shape, dtype, layout="bshd", values=None):
+        b, n, h, d = shape
+        self.dtype = dtype
+        if layout == "bshd":
+            self.storage = np.empty((b, n, h, d), STORAGE[dtype])
+            self.view = self.storage
+        elif layout == "bhsd":
+            self.storage = np.empty((b, h, n, d), STORAGE[dtype])
+            self.view = self.storage.transpose(0, 2, 1, 3)
+        elif layout == "padded":  # every row padded by 8 elements, poisoned
+            self.storage = np.full((b, n, h, d + 8), POISON[dtype], STORAGE[dtype])
+            self.view = self.storage[..., :d]
+        else:
+            raise ValueError(layout)
+        if values is None:
+            self.view[...] = POISON[dtype]
+        else:
+            self.view[...] = to_storage(values, dtype)
+        item = self.storage.itemsize
+        st = self.view.strides
+        self.layout = Layout(st[0] // item, st[2] // item, st[1] // item)
+
+    @property
+    def ptr(self):
+        return self.storage.ctypes.data
+
+    def values(self):
+        return from_storage(self.view, self.dtype)
+
+
+class Problem:
+    """One attention configuration with fresh random inputs."""
+
+    def __init__(self, rng, batch=1, heads_q=2, heads_kv=0, seqlen_q=64, seqlen_k=64,
+                 head_dim=64, dtype="f32", layout="bshd", causal=False, window=None,
+                 softcap=0.0, scale=0.0, amplitude=1.0):
+        self.b, self.hq, self.hkv = batch, heads_q, heads_kv or heads_q
+        self.nq, self.nk, self.d = seqlen_q, seqlen_k, head_dim
+        self.dtype, self.layout = dtype, layout
+        self.causal, self.window, self.softcap = causal, window, softcap
+        self.scale_arg = scale
+        self.scale = scale or 1.0 / np.sqrt(head_dim)
+        qs, ks = (batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, self.hkv, head_dim)
+        self.q = quantize(rng.standard_normal(qs) * amplitude, dtype)
+        self.k = quantize(rng.standard_normal(ks) * amplitude, dtype)
+        self.v = quantize(rng.standard_normal(ks), dtype)
+        self.dout = quantize(rng.standard_normal(qs), dtype)
+
+    def reference_args(self):
+        return dict(scale=self.scale, causal=self.causal, window=self.window,
+                    softcap=self.softcap)
+
+    def params(self, tensors):
+        p = Params()
+        p.dtype = DTYPES[self.dtype]
+        p.batch, p.heads_q, p.heads_kv = self.b, self.hq, self.hkv
+        p.seqlen_q, p.seqlen_k, p.head_dim = self.nq, self.nk, self.d
+        p.scale, p.causal, p.softcap = self.scale_arg, int(self.causal), self.softcap
+        if self.window is not None:
+            p.window, (p.window_left, p.window_right) = 1, self.window
+        for name, t in tensors.items():
+            if name == "lse":
+                p.lse = t.ctypes.data
+            else:
+                setattr(p, name, t.ptr)
+                setattr(p, name + "_layout", t.layout)
+        return p
+
+    def _shape(self, name):
+        key_side = name in ("k", "v", "dk", "dv")
+        return (self.b, self.nk if key_side else self.nq, self.hkv if key_side else self.hq,
+                self.d)
+
+    def tensor(self, name, values=None):
+        return Tensor(self._shape(name), self.dtype, self.layout, values)
+
+    def forward(self, backend="fa2", threads=2):
+        """Runs the forward; returns (status, O, LSE) as float64."""
+        t = {"q": self.tensor("q", self.q), "k": self.tensor("k", self.k),
+             "v": self.tensor("v", self.v), "o": self.tensor("o")}
+        t["lse"] = np.full((self.b, self.hq, self.nq), np.nan, np.float32)
+        p = self.params(t)
+        status = call_forward(backend, p, threads)
+        return status, t["o"].values(), t["lse"].astype(np.float64)
+
+    def backward(self, o, lse, backend="fa2", threads=2):
+        """Runs the backward from O and LSE; returns (status, dQ, dK, dV)."""
+        t = {"q": self.tensor("q", self.q), "k": self.tensor("k", self.k),
+             "v": self.tensor("v", self.v), "o": self.tensor("o", o),
+             "dout": self.tensor("dout", self.dout), "dq": self.tensor("dq"),
+             "dk": self.tensor("dk"), "dv": self.tensor("dv")}
+        t["lse"] = np.ascontiguousarray(lse, dtype=np.float32)
+        p = self.params(t)
+        status = call_backward(backend, p, threads)
+        return status, t["dq"].values(), t["dk"].values(), t["dv"].values()
+
+
+def _cpu_options(backend, threads):
+    return CpuOptions(threads, 1 if backend == "fa1" else 0)
+
+
+def call_forward(backend, p, threads=2):
+    if backend == "ref":
+        return CPU.fa_ref_forward(ctypes.byref(p))
+    if backend == "gpu":
+        return GPU.fa_test_gpu_forward(ctypes.byref(p))
+    return CPU.fa_cpu_forward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
+
+
+def call_backward(backend, p, threads=2):
+    if backend == "ref":
+        return CPU.fa_ref_backward(ctypes.byref(p))
+    if backend == "gpu":
+        return GPU.fa_test_gpu_backward(ctypes.byref(p), 0)
+    return CPU.fa_cpu_backward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
+
+
+def rel_err(x, ref):
+    """‖x − ref‖ / ‖ref‖ over finite reference entries; NaN anywhere in x fails."""
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    if np.isnan(x).any():
+        return np.inf
+    denom = np.linalg.norm(ref)
+    return np.linalg.norm(x - ref) / (denom if denom > 0 else 1.0)
+
+
+def status_name(code):
+    for name, value in STATUS.items():
+        if value == code:
+            return name
+    return str(code)
+
+
+GPU = _load("libflashattn_cuda_test.so")

@@ -1,0 +1,107 @@
+"""Attention in float64 NumPy, written from the formulas, independent of the C code.
+
+Tensors are logical [batch, seq, heads, head_dim] arrays. Masks are aligned
+bottom-right: query r, key c, diag = r + Nk - Nq.
+"""
+import numpy as np
+
+
+def mask(nq, nk, causal=False, window=None):
+    """True where a key is masked. window = (left, right), negative = unbounded."""
+    r = np.arange(nq)[:, None]
+    c = np.arange(nk)[None, :]
+    diag = r + nk - nq
+    masked = np.zeros((nq, nk), dtype=bool)
+    if causal:
+        masked |= c > diag
+    if window is not None:
+        left, right = window
+        if right >= 0:
+            masked |= c > diag + right
+        if left >= 0:
+            masked |= c < diag - left
+    return masked
+
+
+def max_logit(q, k, scale):
+    """max |scale q.k| over all pairs of the same head group."""
+    group = q.shape[2] // k.shape[2]
+    return np.abs(np.einsum("bqhd,bkhd->bhqk", q, _expand(k, group))).max() * scale
+
+
+def _expand(x, group):
+    return np.repeat(x, group, axis=2)
+
+
+def _probs(q, k, scale, causal, window, softcap):
+    group = q.shape[2] // k.shape[2]
+    x = np.einsum("bqhd,bkhd->bhqk", q, _expand(k, group)) * q.dtype.type(scale)
+    t = None
+    if softcap:
+        t = np.tanh(x / softcap)
+        x = softcap * t
+    m = mask(q.shape[1], k.shape[1], causal, window)
+    x = np.where(m, -np.inf, x)
+    mx = x.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(mx), mx, 0.0)
+    e = np.exp(x - safe)
+    total = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total[..., 0] > 0, safe[..., 0] + np.log(total[..., 0]), -np.inf)
+    return p, t, lse, x
+
+
+def forward(q, k, v, scale, causal=False, window=None, softcap=0.0, precision=np.float64):
+    """Returns O [B, Nq, Hq, d] and LSE [B, Hq, Nq], computed in `precision`."""
+    q, k, v = (np.asarray(x, precision) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    p, _, lse, _ = _probs(q, k, scale, causal, window, softcap)
+    o = np.einsum("bhqk,bkhd->bqhd", p, _expand(v, group))
+    return o, lse
+
+
+def _group_sum(x, heads_kv):
+    b, n, hq, d = x.shape
+    return x.reshape(b, n, heads_kv, hq // heads_kv, d).sum(axis=3)
+
+
+def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
+             precision=np.float64, o=None, lse=None, magnitudes=False):
+    """Analytic gradients (dQ, dK, dV) of sum(O * dout), computed in `precision`.
+
+    By default P is the softmax and D = rowsum(P * dP). Given the stored
+    output o and lse, the computation is FlashAttention's instead:
+    P = exp(S - LSE) and D = rowsum(dout * o), whose rounding differs where
+    the gradient cancels. magnitudes=True also returns the gradients of the
+    absolute values of the summed terms: the scale that rounding errors of a
+    gradient are relative to, since dQ and dK can cancel to nearly zero."""
+    q, k, v, dout = (np.asarray(x, precision) for x in (q, k, v, dout))
+    hkv = k.shape[2]
+    group = q.shape[2] // hkv
+    p, t, _, x = _probs(q, k, scale, causal, window, softcap)
+    if lse is not None:  # recompute P from the stored LSE; empty rows stay 0
+        lse = np.asarray(lse, precision)[..., None]
+        p = np.exp(x - np.where(np.isfinite(lse), lse, np.inf))
+    ke, ve = _expand(k, group), _expand(v, group)
+    dv = _group_sum(np.einsum("bhqk,bqhd->bkhd", p, dout), hkv)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, ve)
+    if o is None:
+        dsum = (p * dp).sum(axis=-1, keepdims=True)
+    else:
+        dsum = np.einsum("bqhd,bqhd->bhq", dout, np.asarray(o, precision))[..., None]
+    ds = p * (dp - dsum)
+    if softcap:
+        ds = ds * (1.0 - t * t)
+    dx = ds * q.dtype.type(scale)
+    dq = np.einsum("bhqk,bkhd->bqhd", dx, ke)
+    dk = _group_sum(np.einsum("bhqk,bqhd->bkhd", dx, q), hkv)
+    if not magnitudes:
+        return dq, dk, dv
+    terms = np.abs(p) * (np.abs(dp) + np.abs(dsum)) * scale
+    if softcap:
+        terms = terms * (1.0 - t * t)
+    mags = (np.einsum("bhqk,bkhd->bqhd", terms, np.abs(ke)),
+            _group_sum(np.einsum("bhqk,bqhd->bkhd", terms, np.abs(q)), hkv),
+            _group_sum(np.einsum("bhqk,bqhd->bkhd", p, np.abs(dout)), hkv))
+    return (dq, dk, dv), mags

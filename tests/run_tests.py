@@ -1,0 +1,15 @@
+"""Test driver: `make test` runs this. Optional argument: a substring of the
+test names to run. Ends with the line `N passed, N failed, N skipped`."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+
+if __name__ == "__main__":
+    seed = harness.seed()
+    import test_cpu  # noqa: E402
+
+    test_cpu.RNG_SEED[0] = seed
+    harness.main(["test_build", "test_cpu", "test_gpu"])

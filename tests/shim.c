@@ -1,0 +1,27 @@
+/* The CPU library as one shared object for the Python test driver: the
+   implementation of flashattn.h and flashattn_ref.h, plus the layout of
+   fa_params so the driver can check its ctypes mirror field by field. */
+#define FLASHATTN_IMPLEMENTATION
+#include "../flashattn.h"
+#define FLASHATTN_REF_IMPLEMENTATION
+#include "../flashattn_ref.h"
+
+#include <string.h>
+
+#define FA_TEST_PARAMS_FIELDS(X)                                                         \
+    X(dtype) X(batch) X(heads_q) X(heads_kv) X(seqlen_q) X(seqlen_k) X(head_dim) X(scale) \
+    X(causal) X(window) X(window_left) X(window_right) X(softcap) X(q) X(k) X(v) X(o)     \
+    X(lse) X(q_layout) X(k_layout) X(v_layout) X(o_layout) X(dout) X(dq) X(dk) X(dv)      \
+    X(dout_layout) X(dq_layout) X(dk_layout) X(dv_layout)
+
+size_t fa_test_params_size(void) { return sizeof(fa_params); }
+
+/* offsetof(fa_params, name), or (size_t)-1 for an unknown name. */
+size_t fa_test_params_offset(const char *name)
+{
+#define FA_TEST_FIELD(f) \
+    if (strcmp(name, #f) == 0) return offsetof(fa_params, f);
+    FA_TEST_PARAMS_FIELDS(FA_TEST_FIELD)
+#undef FA_TEST_FIELD
+    return (size_t)-1;
+}

@@ -1,0 +1,104 @@
+"""Build checks: the headers compile cleanly as C99, C++ and CUDA; the
+examples build with the command in their first comment; GPU code has no
+register spills; no header uses C++ templates, classes or the STL."""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from fa import ROOT
+from harness import case, test, Skip
+
+WARN = ["-O2", "-Wall", "-Wextra", "-pedantic", "-Werror"]
+TU = '#define FLASHATTN_IMPLEMENTATION\n#include "flashattn.h"\n' \
+     '#define FLASHATTN_REF_IMPLEMENTATION\n#include "flashattn_ref.h"\n' \
+     'int main(void) { return fa_cpu_forward(0, 0) == FA_OK; }\n'
+
+
+def compile_source(compiler, flags, source, suffix):
+    if not shutil.which(compiler[0]):
+        raise Skip(f"{compiler[0]} not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tu" + suffix)
+        with open(path, "w") as f:
+            f.write(source)
+        cmd = compiler + flags + ["-I", ROOT, path, "-o", os.path.join(tmp, "a.out"), "-lm"]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        assert out.returncode == 0 and not out.stderr.strip(), " ".join(cmd) + "\n" + out.stderr
+
+
+case("build_c99_strict", compile_source, ["gcc"], ["-std=c99"] + WARN + ["-pthread"], TU, ".c")
+case("build_c99_no_threads", compile_source, ["gcc"],
+     ["-std=c99", "-DFA_NO_THREADS"] + WARN, TU, ".c")
+case("build_cxx_strict", compile_source, ["g++"], ["-std=c++11"] + WARN + ["-pthread"], TU,
+     ".cpp")
+case("build_nvcc_host", compile_source, ["nvcc"], ["-Xcompiler", "-Wall,-Wextra"], TU, ".cu")
+
+
+@test
+def headers_are_template_free():
+    banned = re.compile(r"\btemplate\s*<|\bclass\s+\w+\s*[:{]|\bstd::|\boperator\s*[^\w\s]|"
+                        r"\bnamespace\b|\[\s*[&=]?\s*\]\s*\(")
+    for path in glob.glob(os.path.join(ROOT, "*.h")) + glob.glob(os.path.join(ROOT, "*.cuh")):
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                code = line.split("//")[0]
+                assert not banned.search(code), f"{os.path.basename(path)}:{number}: {line.strip()}"
+
+
+def first_comment_command(path):
+    with open(path) as f:
+        first = f.readline()
+    match = re.match(r"\s*(?:/\*|//)\s*Build:\s*(.*?)\s*(?:\*/)?\s*$", first)
+    assert match, f"{path}: first line must be '/* Build: <command> */'"
+    return match.group(1)
+
+
+def build_example(path):
+    command = first_comment_command(path)
+    tool = command.split()[0]
+    if not shutil.which(tool):
+        raise Skip(f"{tool} not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        # The command is written for the repository root; outputs go to tmp.
+        command = re.sub(r"-o\s+(\S+)", lambda m: "-o " + os.path.join(tmp, os.path.basename(m.group(1))), command)
+        out = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, command + "\n" + out.stderr
+        assert "warning" not in out.stderr.lower(), out.stderr
+
+
+for example in sorted(glob.glob(os.path.join(ROOT, "examples", "*.c")) +
+                      glob.glob(os.path.join(ROOT, "examples", "*.cu"))):
+    case("example_builds_" + os.path.basename(example), build_example, example)
+
+
+def ptxas_report(arch_flags, defines=()):
+    if not shutil.which("nvcc"):
+        raise Skip("nvcc not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.cu")
+        with open(src, "w") as f:
+            f.write('#define FLASHATTN_IMPLEMENTATION\n#define FLASHATTN_CUDA_IMPLEMENTATION\n'
+                    '#include "flashattn_cuda.cuh"\n')
+        cmd = ["nvcc", "-c", "-O3", "-Xptxas", "-v", "-I", ROOT, src, "-o",
+               os.path.join(tmp, "k.o")] + arch_flags + list(defines)
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0, " ".join(cmd) + "\n" + out.stderr[-4000:]
+        return out.stderr
+
+
+def check_no_spills(arch_flags, *defines):
+    report = ptxas_report(arch_flags, defines)
+    spills = [l for l in report.splitlines() if re.search(r"[1-9]\d* bytes spill", l)]
+    stack = [l for l in report.splitlines() if re.search(r"[1-9]\d* bytes stack frame", l)]
+    serial = [l for l in report.splitlines() if re.search(r"C751[457]|serializ", l)]
+    kernels = report.count("Compiling entry function")
+    assert kernels > 0, "no kernels compiled"
+    assert not spills and not serial, "\n".join(spills + serial)
+    return f"{kernels} kernels, no spills" + (f", {len(stack)} with stack frames" if stack else "")
+
+
+case("cuda_sm80_no_spills", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"])
+case("cuda_sm90a_no_spills", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"])

@@ -1,0 +1,359 @@
+"""CPU path and reference: accuracy, masks, layouts, gradients, bad input, memory."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+import fa
+import reference
+from harness import case, test, Skip
+
+RNG_SEED = [0]  # set by run_tests.py
+
+# Error bound, per the GPU issue's rule: at most twice the error of the same
+# computation done in low precision by NumPy (fp32 arithmetic, outputs rounded
+# to the storage dtype), plus FLOOR for the library's polynomial exp2 (relative
+# error 2e-7) where NumPy's float32 result happens to be nearly exact. Inputs
+# are rounded to the storage dtype before either side sees them. Large logits
+# make fp32 itself inaccurate; this bound follows that, a fixed one cannot.
+# The forward also allows max|S| * 2^-24: rounding each logit to fp32 moves P
+# by up to that much (relative), and two fp32 computations differ by luck there.
+FLOOR = 2e-6
+
+
+def rng_for(name):
+    return np.random.default_rng([RNG_SEED[0], abs(hash(name)) % 2**31])
+
+
+def bound(low_precision, ref, dtype, logit_rounding=0.0):
+    return 2.0 * fa.rel_err(fa.quantize(low_precision, dtype), ref) + FLOOR + logit_rounding
+
+
+def check(name, got, ref, low_precision, dtype, logit_rounding=0.0):
+    err, limit = fa.rel_err(got, ref), bound(low_precision, ref, dtype, logit_rounding)
+    assert err <= limit, f"{name}: relative error {err:.3g} > bound {limit:.3g}"
+    return err
+
+
+def check_lse(lse, ref_lse):
+    finite = np.isfinite(ref_lse)
+    assert np.array_equal(np.isneginf(lse), ~finite), "LSE = -inf must mark exactly the empty rows"
+    if finite.any():
+        diff = np.abs(lse[finite] - ref_lse[finite]).max()
+        assert diff <= 1e-4 * (1 + np.abs(ref_lse[finite]).max()), f"LSE off by {diff:.3g}"
+
+
+def forward_case(backends=("fa2", "fa1", "ref"), **cfg):
+    prob = fa.Problem(rng_for(str(cfg)), **cfg)
+    ref_o, ref_lse = reference.forward(prob.q, prob.k, prob.v, **prob.reference_args())
+    low_o, _ = reference.forward(prob.q, prob.k, prob.v, precision=np.float32,
+                                 **prob.reference_args())
+    logit_rounding = reference.max_logit(prob.q, prob.k, prob.scale) * 2.0**-24
+    errs = []
+    for backend in backends:
+        status, o, lse = prob.forward(backend)
+        assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)}"
+        errs.append(check(backend, o, ref_o, low_o, prob.dtype, logit_rounding))
+        check_lse(lse, ref_lse)
+    return "err " + " ".join(f"{b}={e:.1e}" for b, e in zip(backends, errs))
+
+
+def backward_case(backends=("fa2", "ref"), **cfg):
+    """Gradient errors are measured against the magnitude of the summed terms
+    (see reference.backward), which equals ‖ref‖ unless the gradient cancels."""
+    prob = fa.Problem(rng_for("bwd" + str(cfg)), **cfg)
+    args = prob.reference_args()
+    status, o, lse = prob.forward("fa2")
+    assert status == fa.FA_OK
+    grads, mags = reference.backward(prob.q, prob.k, prob.v, prob.dout, magnitudes=True, **args)
+    low = reference.backward(prob.q, prob.k, prob.v, prob.dout, precision=np.float32, o=o,
+                             lse=lse, **args)
+    errs = []
+    for backend in backends:
+        status, *got = prob.backward(o, lse, backend)
+        assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)}"
+        for gname, g, r, lp, mag in zip(("dq", "dk", "dv"), got, grads, low, mags):
+            scale = max(np.linalg.norm(mag), np.linalg.norm(r))
+            err = np.linalg.norm(g - r) / scale if not np.isnan(g).any() else np.inf
+            limit = 2.0 * np.linalg.norm(fa.quantize(lp, prob.dtype) - r) / scale + FLOOR
+            assert err <= limit, f"{backend} {gname}: error {err:.3g} > bound {limit:.3g}"
+            errs.append(err)
+    return f"max err {max(errs):.1e}"
+
+
+# ---- forward coverage -------------------------------------------------------
+
+for d in (32, 64, 96, 128, 160, 256):
+    for dtype in ("f32", "f16", "bf16"):
+        case(f"fwd_d{d}_{dtype}", forward_case, seqlen_q=65, seqlen_k=130, head_dim=d,
+             dtype=dtype)
+
+for nq, nk in ((1, 1), (1, 1000), (7, 63), (63, 64), (64, 65), (65, 257), (257, 7),
+               (1000, 1000), (1000, 7)):
+    for causal in (False, True):
+        case(f"fwd_shape_{nq}x{nk}_causal{int(causal)}", forward_case, seqlen_q=nq,
+             seqlen_k=nk, head_dim=32, causal=causal)
+
+for window in ((0, 0), (16, 0), (-1, 5), (7, -1), (40, 3)):
+    case(f"fwd_window_{window[0]}_{window[1]}", forward_case, seqlen_q=100, seqlen_k=150,
+         head_dim=64, window=window)
+case("fwd_window_causal", forward_case, seqlen_q=150, seqlen_k=100, head_dim=64,
+     window=(20, 10), causal=True)
+case("fwd_softcap", forward_case, seqlen_q=70, seqlen_k=90, head_dim=64, softcap=5.0,
+     amplitude=3.0)
+case("fwd_softcap_causal_bf16", forward_case, seqlen_q=90, seqlen_k=70, head_dim=128,
+     softcap=20.0, causal=True, dtype="bf16")
+case("fwd_gqa", forward_case, batch=2, heads_q=6, heads_kv=2, seqlen_q=77, seqlen_k=99,
+     head_dim=64)
+case("fwd_mqa_f16", forward_case, heads_q=4, heads_kv=1, seqlen_q=65, seqlen_k=64,
+     head_dim=128, dtype="f16")
+for layout in ("bhsd", "padded"):
+    for dtype in ("f32", "bf16"):
+        case(f"fwd_layout_{layout}_{dtype}", forward_case, batch=2, heads_q=4, heads_kv=2,
+             seqlen_q=70, seqlen_k=66, head_dim=96, layout=layout, dtype=dtype, causal=True)
+case("fwd_scale_explicit", forward_case, seqlen_q=33, seqlen_k=45, head_dim=64, scale=0.3)
+for dtype in ("f32", "f16", "bf16"):
+    case(f"fwd_large_logits_{dtype}", forward_case, seqlen_q=64, seqlen_k=200, head_dim=64,
+         amplitude=30.0, dtype=dtype)
+
+
+@test
+def fwd_fully_masked_rows():
+    """Causal with Nq > Nk: the first Nq − Nk rows see no key: O = 0, LSE = −inf."""
+    prob = fa.Problem(rng_for("masked"), seqlen_q=90, seqlen_k=40, head_dim=64, causal=True)
+    for backend in ("fa2", "fa1", "ref"):
+        status, o, lse = prob.forward(backend)
+        assert status == fa.FA_OK
+        assert np.all(o[:, :50] == 0.0), f"{backend}: O of empty rows is not 0"
+        assert np.all(np.isneginf(lse[:, :, :50])), f"{backend}: LSE of empty rows is not -inf"
+        assert np.all(np.isfinite(lse[:, :, 50:]))
+    status, dq, dk, dv = prob.backward(o, lse, "fa2")
+    assert status == fa.FA_OK and np.all(dq[:, :50] == 0.0) and np.isfinite(dk).all()
+    return forward_case(seqlen_q=90, seqlen_k=40, head_dim=64, causal=True)
+
+
+@test
+def fwd_threads_bitwise_equal():
+    """The result does not depend on the thread count."""
+    prob = fa.Problem(rng_for("threads"), heads_q=3, seqlen_q=200, seqlen_k=150, head_dim=64,
+                      causal=True)
+    _, o1, l1 = prob.forward("fa2", threads=1)
+    _, o3, l3 = prob.forward("fa2", threads=3)
+    assert np.array_equal(o1, o3) and np.array_equal(l1, l3)
+
+
+@test
+def fa1_and_fa2_orders_agree():
+    prob = fa.Problem(rng_for("orders"), batch=2, heads_q=4, heads_kv=2, seqlen_q=300,
+                      seqlen_k=257, head_dim=64, window=(100, 20))
+    _, o2, l2 = prob.forward("fa2")
+    _, o1, l1 = prob.forward("fa1")
+    err = fa.rel_err(o1, o2)
+    assert err < 1e-5, f"FA1 vs FA2 relative difference {err:.3g}"
+    check_lse(l1, l2)
+    return f"diff {err:.1e}"
+
+
+# ---- backward coverage ------------------------------------------------------
+
+for d in (32, 64, 96, 128, 160, 256):
+    for dtype in ("f32", "bf16"):
+        case(f"bwd_d{d}_{dtype}", backward_case, seqlen_q=65, seqlen_k=70, head_dim=d,
+             dtype=dtype)
+case("bwd_f16", backward_case, seqlen_q=100, seqlen_k=65, head_dim=64, dtype="f16")
+for nq, nk in ((1, 1), (1, 300), (300, 1), (63, 64), (257, 65)):
+    for causal in (False, True):
+        case(f"bwd_shape_{nq}x{nk}_causal{int(causal)}", backward_case, seqlen_q=nq,
+             seqlen_k=nk, head_dim=32, causal=causal)
+case("bwd_window", backward_case, seqlen_q=130, seqlen_k=100, head_dim=64, window=(30, 4))
+case("bwd_softcap", backward_case, seqlen_q=70, seqlen_k=90, head_dim=64, softcap=5.0,
+     amplitude=3.0)
+case("bwd_gqa_bhsd", backward_case, batch=2, heads_q=6, heads_kv=2, seqlen_q=77,
+     seqlen_k=99, head_dim=64, layout="bhsd", causal=True)
+case("bwd_mqa_padded", backward_case, heads_q=4, heads_kv=1, seqlen_q=65, seqlen_k=64,
+     head_dim=128, layout="padded")
+case("bwd_large_logits", backward_case, seqlen_q=64, seqlen_k=100, head_dim=64,
+     amplitude=30.0)
+
+
+@test
+def bwd_deterministic():
+    prob = fa.Problem(rng_for("det"), heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=170,
+                      head_dim=64, causal=True)
+    _, o, lse = prob.forward("fa2")
+    first = prob.backward(o, lse, "fa2", threads=1)
+    for threads in (2, 3):
+        again = prob.backward(o, lse, "fa2", threads=threads)
+        assert all(np.array_equal(a, b) for a, b in zip(first[1:], again[1:]))
+
+
+@test
+def reference_gradient_matches_finite_differences():
+    """The NumPy analytic gradient itself, against central differences in float64."""
+    rng = rng_for("fd")
+    for cfg in (dict(causal=True), dict(window=(1, 1)), dict(softcap=2.0)):
+        q = rng.standard_normal((1, 4, 2, 3))
+        k = rng.standard_normal((1, 5, 1, 3))
+        v = rng.standard_normal((1, 5, 1, 3))
+        dout = rng.standard_normal((1, 4, 2, 3))
+        grads = reference.backward(q, k, v, dout, 0.7, **cfg)
+        for x, g in zip((q, k, v), grads):
+            num = np.zeros_like(x)
+            for idx in np.ndindex(x.shape):
+                old = x[idx]
+                x[idx] = old + 1e-6
+                plus = (reference.forward(q, k, v, 0.7, **cfg)[0] * dout).sum()
+                x[idx] = old - 1e-6
+                minus = (reference.forward(q, k, v, 0.7, **cfg)[0] * dout).sum()
+                x[idx] = old
+                num[idx] = (plus - minus) / 2e-6
+            assert np.abs(num - g).max() < 1e-7, f"{cfg}: {np.abs(num - g).max():.3g}"
+
+
+# ---- API surface --------------------------------------------------------------
+
+@test
+def params_struct_matches_ctypes_mirror():
+    assert fa.CPU.fa_test_params_size() == ctypes.sizeof(fa.Params)
+    for name, _ in fa.Params._fields_:
+        assert fa.CPU.fa_test_params_offset(name.encode()) == getattr(fa.Params, name).offset, name
+
+
+@test
+def conversions_match_numpy():
+    bits = np.arange(65536, dtype=np.uint16)
+    ours = np.array([fa.CPU.fa_f16_to_f32(int(b)) for b in bits], np.float32)
+    theirs = bits.view(np.float16).astype(np.float32)
+    assert np.array_equal(ours, theirs, equal_nan=True)
+    rng = rng_for("conv")
+    xs = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
+                         [0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e9, -1e9, 6e-8, 2.98e-8,
+                          np.inf, -np.inf, np.nan]]).astype(np.float32)
+    f16 = np.array([fa.CPU.fa_f32_to_f16(float(x)) for x in xs], np.uint16)
+    assert np.array_equal(f16.view(np.float16), xs.astype(np.float16), equal_nan=True)
+    b16 = np.array([fa.CPU.fa_f32_to_bf16(float(x)) for x in xs], np.uint16)
+    ref = fa.bf16_bits(xs)
+    same = (b16 == ref) | (np.isnan(xs) & ((b16 & 0x7FFF) > 0x7F80))
+    assert same.all(), xs[~same][:5]
+    back = np.array([fa.CPU.fa_bf16_to_f32(int(b)) for b in b16[:100]], np.float32)
+    assert np.array_equal(back, fa.bf16_value(b16[:100]).astype(np.float32), equal_nan=True)
+
+
+def _bad(mutate, expected, backward=False):
+    """A valid problem with one thing wrong: the status is `expected` and no
+    output changed."""
+    prob = fa.Problem(rng_for("bad"), heads_q=4, heads_kv=2, seqlen_q=20, seqlen_k=30,
+                      head_dim=64)
+    names = ("q", "k", "v", "o", "dout", "dq", "dk", "dv")
+    t = {n: prob.tensor(n, getattr(prob, n, None) if n in "q k v dout".split() else None)
+         for n in names}
+    for n in ("o", "dq", "dk", "dv"):
+        t[n].view[...] = fa.to_storage(np.full(t[n].view.shape, 7.0), prob.dtype)
+    t["lse"] = np.full((1, 4, 20), 7.0, np.float32)
+    p = prob.params(t)
+    mutate(p)
+    before = {n: t[n].storage.copy() for n in ("o", "dq", "dk", "dv")}
+    lse_before = t["lse"].copy()
+    backends = ("fa2", "fa1", "ref") if not backward else ("fa2", "ref")
+    for backend in backends:
+        call = fa.call_backward if backward else fa.call_forward
+        status = call(backend, p)
+        assert status == fa.STATUS[expected], \
+            f"{backend}: got {fa.status_name(status)}, expected {expected}"
+        detail = fa.CPU.fa_last_error_detail().decode()
+        assert detail, "no error detail"
+        for n, old in before.items():
+            assert np.array_equal(old, t[n].storage), f"{backend} wrote {n}"
+        assert np.array_equal(lse_before, t["lse"]), f"{backend} wrote lse"
+    return detail
+
+
+def _set(**fields):
+    def mutate(p):
+        for k, v in fields.items():
+            if isinstance(v, tuple):
+                setattr(p, k, fa.Layout(*v))
+            else:
+                setattr(p, k, v)
+    return mutate
+
+
+BAD_INPUTS = [
+    ("null_q", _set(q=None), "FA_ERR_NULL_POINTER", False),
+    ("null_o", _set(o=None), "FA_ERR_NULL_POINTER", False),
+    ("null_dout", _set(dout=None), "FA_ERR_NULL_POINTER", True),
+    ("null_lse_backward", _set(lse=None), "FA_ERR_NULL_POINTER", True),
+    ("head_dim_0", _set(head_dim=0), "FA_ERR_INVALID_SIZE", False),
+    ("head_dim_512", _set(head_dim=512), "FA_ERR_UNSUPPORTED", False),
+    ("batch_0", _set(batch=0), "FA_ERR_INVALID_SIZE", False),
+    ("seqlen_q_negative", _set(seqlen_q=-5), "FA_ERR_INVALID_SIZE", False),
+    ("seqlen_k_0", _set(seqlen_k=0), "FA_ERR_INVALID_SIZE", True),
+    ("heads_kv_negative", _set(heads_kv=-2), "FA_ERR_INVALID_SIZE", False),
+    ("heads_not_divisible", _set(heads_kv=3), "FA_ERR_INVALID_HEADS", False),
+    ("heads_not_divisible_bwd", _set(heads_kv=3), "FA_ERR_INVALID_HEADS", True),
+    ("rows_overlap", _set(q_layout=(20 * 4 * 64, 64, 32)), "FA_ERR_INVALID_LAYOUT", False),
+    ("heads_overlap", _set(o_layout=(20 * 4 * 64, 0, 256)), "FA_ERR_INVALID_LAYOUT", False),
+    ("negative_stride", _set(k_layout=(-1, 64, 128)), "FA_ERR_INVALID_LAYOUT", False),
+    ("dk_overlap", _set(dk_layout=(64, 32, 128)), "FA_ERR_INVALID_LAYOUT", True),
+    ("dtype_unknown", _set(dtype=7), "FA_ERR_INVALID_ARGUMENT", False),
+    ("dtype_fp8_reserved", _set(dtype=3), "FA_ERR_UNSUPPORTED", False),
+    ("scale_negative", _set(scale=-1.0), "FA_ERR_INVALID_ARGUMENT", False),
+    ("scale_nan", _set(scale=float("nan")), "FA_ERR_INVALID_ARGUMENT", False),
+    ("softcap_inf", _set(softcap=float("inf")), "FA_ERR_INVALID_ARGUMENT", True),
+]
+for name, mutate, expected, backward in BAD_INPUTS:
+    case(f"bad_input_{name}", _bad, mutate, expected, backward)
+
+
+@test
+def bad_input_null_params_and_options():
+    assert fa.CPU.fa_cpu_forward(None, None) == fa.STATUS["FA_ERR_NULL_POINTER"]
+    assert fa.CPU.fa_ref_backward(None) == fa.STATUS["FA_ERR_NULL_POINTER"]
+    prob = fa.Problem(rng_for("opts"), seqlen_q=8, seqlen_k=8, head_dim=32)
+    t = {n: prob.tensor(n, getattr(prob, n)) for n in "qkv"}
+    t["o"] = prob.tensor("o")
+    p = prob.params(t)
+    for opts in (fa.CpuOptions(-1, 0), fa.CpuOptions(1, 9)):
+        status = fa.CPU.fa_cpu_forward(ctypes.byref(p), ctypes.byref(opts))
+        assert status == fa.STATUS["FA_ERR_INVALID_ARGUMENT"]
+    assert np.isnan(t["o"].values()).all(), "o was written"
+    for code in fa.STATUS.values():
+        assert fa.CPU.fa_status_string(code)
+
+
+# ---- memory ---------------------------------------------------------------------
+
+LINEAR_MEMORY_CHILD = r"""
+import ctypes, resource, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import fa, reference
+n, d = 65536, 32
+rng = np.random.default_rng(int(sys.argv[3]))
+prob = fa.Problem(rng, heads_q=1, seqlen_q=n, seqlen_k=n, head_dim=d, causal=True)
+status, o, lse = prob.forward("fa2", threads=2)
+assert status == 0, status
+for r in (0, 1, 4095, 40000, n - 1):  # each sampled row against its own float64 softmax
+    s = prob.k[0, : r + 1, 0] @ prob.q[0, r, 0] * prob.scale
+    w = np.exp(s - s.max())
+    ref = (w / w.sum()) @ prob.v[0, : r + 1, 0]
+    err = np.abs(o[0, r, 0] - ref).max()
+    assert err < 1e-5, (r, err)
+print("ok")
+"""
+
+
+@test
+def forward_memory_is_linear_in_n():
+    """Nq = Nk = 65536 under an address-space limit 4x smaller than one N×N
+    fp32 buffer (16 GiB)."""
+    limit = 4 << 30
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", LINEAR_MEMORY_CHILD, here, str(limit),
+                          str(RNG_SEED[0])], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+    return "N=65536 causal d=32 under a 4 GiB address-space limit"

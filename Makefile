@@ -1,15 +1,29 @@
-# flashattn: `make test` runs every test (GPU tests only where a GPU is),
-# `make demo` runs the main demo, `make bench` / `make bench-cpu` benchmark.
+# flashattn: `make demo` runs the main demo, `make test` every test (the GPU
+# tests only where nvidia-smi sees a GPU), `make bench` / `make bench-cpu`
+# benchmark, `make sanitize` runs compute-sanitizer over the reduced GPU suite.
 CC      ?= cc
 PYTHON  ?= python3
 NVCC    ?= nvcc
 CFLAGS  ?= -O3 -march=native -ffp-contract=fast
 BUILD   := build
 HEADERS := flashattn.h flashattn_ref.h
+CUDA_HEADERS := $(HEADERS) flashattn_cuda.cuh
 
-.PHONY: all numpy test demo bench bench-cpu clean
+# The GPU part builds only where a GPU is; sm_90a for Hopper, else the
+# device's own compute capability.
+GPU_CC  := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d .)
+ifeq ($(GPU_CC),90)
+GPU_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+else ifneq ($(GPU_CC),)
+GPU_ARCH ?= -gencode=arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
+endif
+NVFLAGS := -O3 -Xcompiler -fPIC $(GPU_ARCH)
+GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflashattn_cuda_fa1_test.so)
+GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
-all: $(BUILD)/libflashattn_test.so $(BUILD)/cpu_attention
+.PHONY: all numpy test demo bench bench-cpu sanitize clean
+
+all: $(BUILD)/libflashattn_test.so $(BUILD)/cpu_attention $(GPU_LIBS) $(GPU_DEMO)
 
 $(BUILD):
 	mkdir -p $(BUILD)
@@ -17,21 +31,39 @@ $(BUILD):
 $(BUILD)/libflashattn_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -fPIC -shared -o $@ tests/shim.c -lm -pthread
 
+$(BUILD)/libflashattn_cuda_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
+	$(NVCC) $(NVFLAGS) -shared -o $@ tests/shim_cuda.cu
+
+$(BUILD)/libflashattn_cuda_fa1_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
+	$(NVCC) $(NVFLAGS) -DFA_VARIANT=1 -shared -o $@ tests/shim_cuda.cu
+
 $(BUILD)/cpu_attention: examples/cpu_attention.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -o $@ examples/cpu_attention.c -lm -pthread
+
+$(BUILD)/gpu_attention: examples/gpu_attention.cu $(CUDA_HEADERS) | $(BUILD)
+	$(NVCC) -O3 $(GPU_ARCH) -o $@ examples/gpu_attention.cu
 
 # The test driver's one dependency, installed when missing.
 numpy:
 	@$(PYTHON) -c "import numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet numpy
 
-test: numpy $(BUILD)/libflashattn_test.so
+test: numpy $(BUILD)/libflashattn_test.so $(GPU_LIBS)
 	$(PYTHON) tests/run_tests.py
 
-demo: $(BUILD)/cpu_attention
+demo: $(BUILD)/cpu_attention $(GPU_DEMO)
 	./$(BUILD)/cpu_attention
+	$(if $(GPU_DEMO),./$(GPU_DEMO))
 
 bench-cpu: numpy $(BUILD)/libflashattn_test.so
 	$(PYTHON) bench/bench_cpu.py
+
+bench: numpy $(GPU_LIBS)
+	$(PYTHON) bench/bench_gpu.py
+
+sanitize: numpy $(BUILD)/libflashattn_test.so $(GPU_LIBS)
+	for tool in memcheck racecheck synccheck; do \
+	  compute-sanitizer --tool $$tool --error-exitcode 1 $(PYTHON) tests/run_tests.py gpu_small || exit 1; \
+	done
 
 clean:
 	rm -rf $(BUILD)

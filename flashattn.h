@@ -114,8 +114,8 @@ typedef struct fa_layout {
 } fa_layout;
 
 typedef struct fa_params {
+    int batch;            /* first, so that `fa_params p = {0};` is valid C and C++ */
     fa_dtype dtype;       /* storage of q, k, v, o, dout, dq, dk, dv; fp32 accumulation */
-    int batch;
     int heads_q;
     int heads_kv;         /* 0 = heads_q; heads_q % heads_kv == 0 (GQA, MQA) */
     int seqlen_q;
@@ -144,6 +144,28 @@ typedef struct fa_params {
 } fa_params;
 
 typedef enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 } fa_pass;
+
+#ifdef __CUDACC__
+#define FA_HOST_DEVICE __host__ __device__
+#else
+#define FA_HOST_DEVICE
+#endif
+
+/* The mask as one interval: query row r may see keys [*lo, *hi) (empty when
+   *lo >= *hi). Shared by every path, CPU and GPU. p must be resolved. */
+static inline FA_HOST_DEVICE void fa_i_key_range(const fa_params *p, int r, int *lo, int *hi)
+{
+    const int64_t diag = (int64_t)r + p->seqlen_k - p->seqlen_q; /* bottom-right aligned */
+    int64_t a = 0, b = p->seqlen_k;
+    if (p->causal && diag + 1 < b) b = diag + 1;
+    if (p->window && p->window_right >= 0 && diag + p->window_right + 1 < b)
+        b = diag + p->window_right + 1;
+    if (p->window && p->window_left >= 0 && diag - p->window_left > a) a = diag - p->window_left;
+    if (a > p->seqlen_k) a = p->seqlen_k;
+    if (b < a) b = a;
+    *lo = (int)a;
+    *hi = (int)b;
+}
 
 typedef enum fa_cpu_order {
     FA_CPU_ORDER_FA2 = 0, /* query blocks outer, deferred normalization (default) */
@@ -452,15 +474,7 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
 
 FA_API void fa_key_range(const fa_params *p, int r, int *lo, int *hi)
 {
-    int64_t diag = (int64_t)r + p->seqlen_k - p->seqlen_q; /* bottom-right aligned */
-    int64_t a = 0, b = p->seqlen_k;
-    if (p->causal && diag + 1 < b) b = diag + 1;
-    if (p->window && p->window_right >= 0 && diag + p->window_right + 1 < b)
-        b = diag + p->window_right + 1;
-    if (p->window && p->window_left >= 0 && diag - p->window_left > a) a = diag - p->window_left;
-    if (b < a) b = a;
-    *lo = (int)(a < p->seqlen_k ? a : p->seqlen_k);
-    *hi = (int)(b < 0 ? 0 : b);
+    fa_i_key_range(p, r, lo, hi);
 }
 
 /* How much of the tile rows [r0, r1) x keys [c0, c1) is visible:

@@ -31,7 +31,7 @@ class Layout(ctypes.Structure):
 
 class Params(ctypes.Structure):
     _fields_ = [
-        ("dtype", ctypes.c_int), ("batch", ctypes.c_int), ("heads_q", ctypes.c_int),
+        ("batch", ctypes.c_int), ("dtype", ctypes.c_int), ("heads_q", ctypes.c_int),
         ("heads_kv", ctypes.c_int), ("seqlen_q", ctypes.c_int), ("seqlen_k", ctypes.c_int),
         ("head_dim", ctypes.c_int), ("scale", ctypes.c_float), ("causal", ctypes.c_int),
         ("window", ctypes.c_int), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
@@ -215,14 +215,16 @@ def call_forward(backend, p, threads=2):
         return CPU.fa_ref_forward(ctypes.byref(p))
     if backend == "gpu":
         return GPU.fa_test_gpu_forward(ctypes.byref(p))
+    if backend == "gpu_fa1":
+        return GPU_FA1.fa_test_gpu_forward(ctypes.byref(p))
     return CPU.fa_cpu_forward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 
 def call_backward(backend, p, threads=2):
     if backend == "ref":
         return CPU.fa_ref_backward(ctypes.byref(p))
-    if backend == "gpu":
-        return GPU.fa_test_gpu_backward(ctypes.byref(p), 0)
+    if backend in ("gpu", "gpu_det"):
+        return GPU.fa_test_gpu_backward(ctypes.byref(p), int(backend == "gpu_det"))
     return CPU.fa_cpu_backward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 
@@ -242,4 +244,11 @@ def status_name(code):
     return str(code)
 
 
+# GPU shims, built by `make test` only where a GPU is present.
 GPU = _load("libflashattn_cuda_test.so")
+GPU_FA1 = _load("libflashattn_cuda_fa1_test.so")
+for _lib in (GPU, GPU_FA1):
+    if _lib is not None:
+        _lib.fa_test_gpu_backward_workspace_size.restype = ctypes.c_size_t
+        _lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t
+        _lib.fa_test_gpu_backward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]

@@ -25,7 +25,7 @@ def case(name, fn, *args, **kwargs):
 def run(pattern=None):
     passed = failed = skipped = 0
     for name, fn, args, kwargs in TESTS:
-        if pattern and pattern not in name:
+        if pattern and not name.startswith(pattern):
             continue
         start = time.time()
         try:

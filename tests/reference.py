@@ -52,11 +52,15 @@ def _probs(q, k, scale, causal, window, softcap):
     return p, t, lse, x
 
 
-def forward(q, k, v, scale, causal=False, window=None, softcap=0.0, precision=np.float64):
-    """Returns O [B, Nq, Hq, d] and LSE [B, Hq, Nq], computed in `precision`."""
+def forward(q, k, v, scale, causal=False, window=None, softcap=0.0, precision=np.float64,
+            round_p=None):
+    """Returns O [B, Nq, Hq, d] and LSE [B, Hq, Nq], computed in `precision`.
+    round_p (optional) rounds P before P V, as tensor cores take 16-bit P."""
     q, k, v = (np.asarray(x, precision) for x in (q, k, v))
     group = q.shape[2] // k.shape[2]
     p, _, lse, _ = _probs(q, k, scale, causal, window, softcap)
+    if round_p is not None:
+        p = round_p(p).astype(precision)
     o = np.einsum("bhqk,bkhd->bqhd", p, _expand(v, group))
     return o, lse
 
@@ -67,7 +71,7 @@ def _group_sum(x, heads_kv):
 
 
 def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
-             precision=np.float64, o=None, lse=None, magnitudes=False):
+             precision=np.float64, o=None, lse=None, magnitudes=False, round_p=None):
     """Analytic gradients (dQ, dK, dV) of sum(O * dout), computed in `precision`.
 
     By default P is the softmax and D = rowsum(P * dP). Given the stored
@@ -75,7 +79,8 @@ def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
     P = exp(S - LSE) and D = rowsum(dout * o), whose rounding differs where
     the gradient cancels. magnitudes=True also returns the gradients of the
     absolute values of the summed terms: the scale that rounding errors of a
-    gradient are relative to, since dQ and dK can cancel to nearly zero."""
+    gradient are relative to, since dQ and dK can cancel to nearly zero.
+    round_p (optional) rounds P and dS before they enter a matmul."""
     q, k, v, dout = (np.asarray(x, precision) for x in (q, k, v, dout))
     hkv = k.shape[2]
     group = q.shape[2] // hkv
@@ -84,7 +89,8 @@ def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
         lse = np.asarray(lse, precision)[..., None]
         p = np.exp(x - np.where(np.isfinite(lse), lse, np.inf))
     ke, ve = _expand(k, group), _expand(v, group)
-    dv = _group_sum(np.einsum("bhqk,bqhd->bkhd", p, dout), hkv)
+    rounded = (lambda x: round_p(x).astype(precision)) if round_p is not None else (lambda x: x)
+    dv = _group_sum(np.einsum("bhqk,bqhd->bkhd", rounded(p), dout), hkv)
     dp = np.einsum("bqhd,bkhd->bhqk", dout, ve)
     if o is None:
         dsum = (p * dp).sum(axis=-1, keepdims=True)
@@ -93,7 +99,7 @@ def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
     ds = p * (dp - dsum)
     if softcap:
         ds = ds * (1.0 - t * t)
-    dx = ds * q.dtype.type(scale)
+    dx = rounded(ds) * q.dtype.type(scale)
     dq = np.einsum("bhqk,bkhd->bqhd", dx, ke)
     dk = _group_sum(np.einsum("bhqk,bqhd->bkhd", dx, q), hkv)
     if not magnitudes:

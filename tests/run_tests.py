@@ -1,4 +1,4 @@
-"""Test driver: `make test` runs this. Optional argument: a substring of the
+"""Test driver: `make test` runs this. Optional argument: a prefix of the
 test names to run. Ends with the line `N passed, N failed, N skipped`."""
 import os
 import sys

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #define FA_TEST_PARAMS_FIELDS(X)                                                         \
-    X(dtype) X(batch) X(heads_q) X(heads_kv) X(seqlen_q) X(seqlen_k) X(head_dim) X(scale) \
+    X(batch) X(dtype) X(heads_q) X(heads_kv) X(seqlen_q) X(seqlen_k) X(head_dim) X(scale) \
     X(causal) X(window) X(window_left) X(window_right) X(softcap) X(q) X(k) X(v) X(o)     \
     X(lse) X(q_layout) X(k_layout) X(v_layout) X(o_layout) X(dout) X(dq) X(dk) X(dv)      \
     X(dout_layout) X(dq_layout) X(dk_layout) X(dv_layout)

@@ -1,0 +1,232 @@
+"""GPU benchmark (`make bench`): flashattn against PyTorch SDPA's flash
+(FlashAttention-2) and cuDNN backends, side by side in one process on the same
+inputs. The sweep is the FlashAttention papers' (targets.md): hidden 2048,
+H = 2048 / d, B = 16384 / N. Every configuration is validated against
+PyTorch's output before it is timed. Times are CUDA-event medians.
+Writes bench/results_gpu.md, bench/results_gpu.json and (with matplotlib)
+bench/results_gpu.png.
+
+Usage: python3 bench/bench_gpu.py [--quick] [--dtypes bf16,fp16] [--dims 64,128,256]
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import fa  # noqa: E402
+
+try:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+except ImportError:  # the peers are optional; our own numbers still come out
+    torch = None
+
+
+def median_ms(fn, reps):
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    stop = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    fn()
+    fn()
+    for a, b in zip(start, stop):
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in zip(start, stop))
+    return times[len(times) // 2]
+
+
+class Ours:
+    """flashattn on torch tensors [B, N, H, d] (BSHD), through the CUDA shim."""
+
+    def __init__(self, q, k, v, o, lse, dout, dq, dk, dv, causal):
+        dtype = {torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype]
+        p = fa.Params()
+        p.dtype = fa.DTYPES[dtype]
+        p.batch, p.seqlen_q, p.heads_q, p.head_dim = q.shape
+        p.heads_kv, p.seqlen_k = k.shape[2], k.shape[1]
+        p.causal = int(causal)
+        for name, t in dict(q=q, k=k, v=v, o=o, dout=dout, dq=dq, dk=dk, dv=dv).items():
+            setattr(p, name, t.data_ptr())
+        p.lse = lse.data_ptr()
+        self.p = p
+        size = fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0)
+        self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
+
+    def stream(self):
+        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def forward(self):
+        status = fa.GPU.fa_cuda_forward(ctypes.byref(self.p), None, ctypes.c_size_t(0), self.stream())
+        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+
+    def backward(self):
+        status = fa.GPU.fa_cuda_backward(ctypes.byref(self.p), 0,
+                                         ctypes.c_void_p(self.workspace.data_ptr()),
+                                         ctypes.c_size_t(self.workspace.numel()), self.stream())
+        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+
+
+def peer(backend, q, k, v, dout, causal):
+    """(forward, backward) closures of SDPA with one backend, or None if it refuses."""
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+    try:
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    except RuntimeError:
+        return None
+    gt = dout.transpose(1, 2)
+
+    def forward():
+        with sdpa_kernel(backend):
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    def backward():
+        torch.autograd.grad(out, (qt, kt, vt), gt, retain_graph=True)
+
+    return forward, backward, out.transpose(1, 2)
+
+
+def run_config(dtype, d, n, causal, reps):
+    b, h = max(1, 16384 // n), 2048 // d
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    gen = torch.Generator(device="cuda").manual_seed(n * 7 + d)
+    q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=tdt, generator=gen)
+                     for _ in range(4))
+    o, dq, dk, dv = (torch.full_like(q, float("nan")) for _ in range(4))
+    lse = torch.empty(b, h, n, device="cuda", dtype=torch.float32)
+    ours = Ours(q, k, v, o, lse, dout, dq, dk, dv, causal)
+    flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
+    row = dict(dtype=dtype, d=d, n=n, causal=causal, batch=b, heads=h)
+
+    ours.forward()
+    ours.backward()
+    torch.cuda.synchronize()
+    # Correct before timing: against PyTorch's fp32 math path where S fits in
+    # memory (N <= 2048), else against its flash backend.
+    small = n <= 2048
+    qt, kt, vt = (x.transpose(1, 2).detach().to(torch.float32 if small else tdt).requires_grad_()
+                  for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.MATH if small else SDPBackend.FLASH_ATTENTION):
+        ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    grads = torch.autograd.grad(ref, (qt, kt, vt), dout.transpose(1, 2).to(ref.dtype))
+    for name, got, want in (("o", o, ref), ("dq", dq, grads[0]), ("dk", dk, grads[1]),
+                            ("dv", dv, grads[2])):
+        got, want = got.transpose(1, 2).float(), want.float()
+        err = ((got - want).norm() / want.norm()).item()
+        row[f"err_{name}"] = err
+        assert err < 2e-2, f"{dtype} d={d} N={n} causal={causal}: {name} error {err:.3g}"
+    del qt, kt, vt, ref, grads
+
+    row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
+    row["ours_bwd"] = 2.5 * flops / median_ms(ours.backward, reps) / 1e9
+    for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                          ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        fns = peer(backend, q, k, v, dout, causal)
+        if fns is None:
+            continue
+        row[f"{name}_fwd"] = flops / median_ms(fns[0], reps) / 1e9
+        row[f"{name}_bwd"] = 2.5 * flops / median_ms(fns[1], reps) / 1e9
+    return row
+
+
+def fmt(row, key):
+    return f"{row[key]:.0f}" if key in row else "-"
+
+
+def ratio(row, a, b):
+    return f"{row[a] / row[b]:.2f}" if a in row and b in row else "-"
+
+
+def table(rows):
+    head = ("| dtype | d | N | causal | ours fwd | flash fwd | cuDNN fwd | ours/flash | "
+            "ours/cuDNN | ours bwd | flash bwd | cuDNN bwd | ours/flash | ours/cuDNN |")
+    lines = [head, "|" + "---|" * 14]
+    for r in rows:
+        lines.append(
+            f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | {fmt(r, 'ours_fwd')} | "
+            f"{fmt(r, 'flash_fwd')} | {fmt(r, 'cudnn_fwd')} | {ratio(r, 'ours_fwd', 'flash_fwd')} | "
+            f"{ratio(r, 'ours_fwd', 'cudnn_fwd')} | {fmt(r, 'ours_bwd')} | {fmt(r, 'flash_bwd')} | "
+            f"{fmt(r, 'cudnn_bwd')} | {ratio(r, 'ours_bwd', 'flash_bwd')} | "
+            f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} |")
+    return lines
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = sorted({(r["dtype"], r["d"], r["causal"]) for r in rows})
+    fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6), squeeze=False)
+    for col, key in enumerate(keys):
+        sel = [r for r in rows if (r["dtype"], r["d"], r["causal"]) == key]
+        for line, pass_ in enumerate(("fwd", "bwd")):
+            ax = axes[line][col]
+            for impl in ("ours", "flash", "cudnn"):
+                pts = [(r["n"], r[f"{impl}_{pass_}"]) for r in sel if f"{impl}_{pass_}" in r]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{key[0]} d={key[1]} causal={int(key[2])} {pass_}", fontsize=8)
+            ax.set_ylabel("TFLOP/s", fontsize=8)
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--out", default=HERE)
+    args = ap.parse_args()
+    if torch is None or not torch.cuda.is_available() or fa.GPU is None:
+        print("bench_gpu: needs a GPU, the CUDA shim (make) and PyTorch; skipped")
+        return
+    sizes = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    rows = []
+    for dtype in args.dtypes.split(","):
+        for d in map(int, args.dims.split(",")):
+            for causal in (False, True):
+                for n in sizes:
+                    r = run_config(dtype, d, n, causal, reps=10 if n >= 8192 else 20)
+                    rows.append(r)
+                    print(table([r])[2], flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip() or "unknown"
+    header = [
+        "# GPU benchmark: flashattn vs PyTorch SDPA (flash = FlashAttention-2, cuDNN)",
+        "",
+        f"- date: {datetime.date.today()}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}, "
+        f"cuDNN {torch.backends.cudnn.version()}",
+        f"- commit: {commit}",
+        "- TFLOP/s; forward 4·B·H·N²·d (halved when causal), backward 2.5× forward;"
+        " B = 16384/N, H = 2048/d; CUDA-event medians; ratios > 1 mean flashattn is faster",
+        "- command: `make bench`",
+        "",
+    ]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results_gpu.md"), "w") as f:
+        f.write("\n".join(header + table(rows)) + "\n")
+    with open(os.path.join(args.out, "results_gpu.json"), "w") as f:
+        json.dump(dict(commit=commit, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    plot(rows, os.path.join(args.out, "results_gpu.png"))
+    print("\n".join(table(rows)))
+
+
+if __name__ == "__main__":
+    main()

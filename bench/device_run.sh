@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, GPU tests, demo, then the benchmark.
+# Logs go to $OUT (the device tool's folder) or /tmp/flashattn-device.
+# Usage: bash bench/device_run.sh [tests|bench|sanitize|all] [bench args...]
+set -uo pipefail
+out=${OUT:-/tmp/flashattn-device}
+mkdir -p "$out"
+what=${1:-all}
+shift || true
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,power.draw --format=csv >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+if ! make -j8 all >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
+if [ "$what" = tests ] || [ "$what" = all ]; then
+    timeout 420 python3 tests/run_tests.py gpu_ >"$out/test_gpu.log" 2>&1
+    grep -v "^PASS" "$out/test_gpu.log" | tail -60
+    ./build/gpu_attention | tee "$out/demo.log"
+fi
+if [ "$what" = sanitize ]; then
+    make sanitize >"$out/sanitize.log" 2>&1; echo "sanitize exit $?"; tail -30 "$out/sanitize.log"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+    python3 bench/bench_gpu.py --out "$out" "$@" 2>&1 | tail -80
+fi

@@ -1,0 +1,1260 @@
+/* flashattn_cuda.cuh - v0.1.0 - FlashAttention GPU kernels (sm_80 and newer).
+   MIT licence, see flashattn.h.
+
+   DO THIS in exactly one .cu file (it also provides flashattn.h's
+   implementation unless you define FLASHATTN_IMPLEMENTATION elsewhere):
+       #define FLASHATTN_IMPLEMENTATION
+       #define FLASHATTN_CUDA_IMPLEMENTATION
+       #include "flashattn_cuda.cuh"
+   and build with nvcc -gencode=arch=compute_80,code=sm_80 (and/or
+   -gencode=arch=compute_90a,code=sm_90a). Pointers in fa_params are device
+   pointers; every call is asynchronous on the given stream.
+
+   KERNELS (template-free: this file includes itself once per head dim and
+   dtype, with FA_I_PASS set, to stamp out the kernels)
+     forward   FA2: one CTA per (query block, head, batch), warps split the
+               query rows (16 each); K/V tiles double-buffered with cp.async;
+               QK^T and PV on tensor cores (mma.sync m16n8k16, ldmatrix);
+               online softmax in base 2 with deferred normalization.
+               FA1 (FA_VARIANT 1): the teaching variant, K/V blocks outer,
+               O/m/l kept in a global fp32 workspace between them.
+     backward  preprocess D = rowsum(dO * O); one CTA per (key block, kv
+               head, batch) keeps dK, dV in registers and adds dQ into an
+               fp32 workspace with atomics; postprocess converts dQ.
+               Deterministic mode: the same kernel without dQ, plus a dQ
+               kernel parallel over query blocks (no atomics).
+
+   COMPILE-TIME OPTIONS
+     FA_VARIANT      2 (default) or 1: forward algorithm
+     FA_HEAD_DIM     0 (default: 32 64 96 128 160 192 256) or one of them
+     FA_CUDA_DTYPE   0 (default: f16 and bf16), 1 f16 only, 2 bf16 only
+     FA_BLOCK_M, FA_BLOCK_N, FA_NUM_WARPS   forward tile for every head dim
+                     (default: the table below); FA_BLOCK_M = 16 * FA_NUM_WARPS
+
+   LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
+   strides multiples of 8 elements); heads_q and batch <= 65535.
+*/
+#if !defined(FA_I_PASS)
+#ifndef FLASHATTN_CUDA_H
+#define FLASHATTN_CUDA_H
+
+#include <cuda_runtime.h>
+
+#include "flashattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* FA_OK when this build and the current device run p; otherwise the status
+   the call would return, with fa_last_error_detail() saying why. */
+FA_API fa_status fa_cuda_supported(const fa_params *p, fa_pass pass);
+
+/* Bytes of workspace the forward needs (0 for FA2; O, m, l for FA1). */
+FA_API size_t fa_cuda_forward_workspace_size(const fa_params *p);
+FA_API fa_status fa_cuda_forward(const fa_params *p, void *workspace, size_t workspace_size,
+                                 cudaStream_t stream);
+
+/* Backward: reads q, k, v, o, lse, dout; writes dq, dk, dv. deterministic
+   nonzero gives bitwise-identical gradients run after run. */
+FA_API size_t fa_cuda_backward_workspace_size(const fa_params *p, int deterministic);
+FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *workspace,
+                                  size_t workspace_size, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_CUDA_H */
+
+/* ======================================================================== */
+#ifdef FLASHATTN_CUDA_IMPLEMENTATION
+#ifndef FLASHATTN_CUDA_IMPLEMENTATION_DONE
+#define FLASHATTN_CUDA_IMPLEMENTATION_DONE
+
+#ifdef FLASHATTN_IMPLEMENTATION
+#include "flashattn.h" /* the CPU implementation and validation, once */
+#endif
+
+#include <stdint.h>
+
+#ifndef FA_VARIANT
+#define FA_VARIANT 2
+#endif
+#if FA_VARIANT != 1 && FA_VARIANT != 2
+#error "flashattn: FA_VARIANT must be 1 or 2"
+#endif
+#ifndef FA_HEAD_DIM
+#define FA_HEAD_DIM 0
+#endif
+#if FA_HEAD_DIM != 0 && FA_HEAD_DIM != 32 && FA_HEAD_DIM != 64 && FA_HEAD_DIM != 96 && \
+    FA_HEAD_DIM != 128 && FA_HEAD_DIM != 160 && FA_HEAD_DIM != 192 && FA_HEAD_DIM != 256
+#error "flashattn: FA_HEAD_DIM must be 0 (all) or one of 32 64 96 128 160 192 256"
+#endif
+#ifndef FA_CUDA_DTYPE
+#define FA_CUDA_DTYPE 0
+#endif
+#if FA_CUDA_DTYPE < 0 || FA_CUDA_DTYPE > 2
+#error "flashattn: FA_CUDA_DTYPE must be 0 (both), 1 (f16) or 2 (bf16)"
+#endif
+#if defined(FA_BLOCK_M) || defined(FA_BLOCK_N) || defined(FA_NUM_WARPS)
+#if !defined(FA_BLOCK_M) || !defined(FA_BLOCK_N) || !defined(FA_NUM_WARPS)
+#error "flashattn: define FA_BLOCK_M, FA_BLOCK_N and FA_NUM_WARPS together"
+#endif
+#if FA_BLOCK_M != 16 * FA_NUM_WARPS || FA_BLOCK_N % 16 != 0 || FA_BLOCK_N < 16
+#error "flashattn: FA_BLOCK_M must be 16 * FA_NUM_WARPS and FA_BLOCK_N a multiple of 16"
+#endif
+#endif
+
+#define FA_I_BUILD_D(d) (FA_HEAD_DIM == 0 || FA_HEAD_DIM == (d))
+#define FA_I_CAT2(a, b) a##b
+#define FA_I_CAT(a, b) FA_I_CAT2(a, b)
+
+/* Tile table: forward (query rows per CTA, keys per tile, warps; rows =
+   16 * warps), backward main kernel (keys per CTA, query rows per step,
+   warps splitting the head dim for the dK/dV accumulators), backward dQ
+   kernel (query rows, keys per tile, warps). Chosen so that the registers
+   hold the accumulators without spills and the shared memory (each row
+   padded by 16 bytes: conflict-free ldmatrix) fits in 163 KB (sm_80). */
+#define FA_I_FWD_32 128, 64, 8
+#define FA_I_FWD_64 128, 64, 8
+#define FA_I_FWD_96 128, 32, 8
+#define FA_I_FWD_128 128, 64, 8
+#define FA_I_FWD_160 64, 64, 4
+#define FA_I_FWD_192 64, 64, 4
+#define FA_I_FWD_256 64, 32, 4
+#define FA_I_BWD_32 64, 64, 1
+#define FA_I_BWD_64 64, 64, 1
+#define FA_I_BWD_96 64, 32, 1
+#define FA_I_BWD_128 64, 32, 1
+#define FA_I_BWD_160 64, 32, 2
+#define FA_I_BWD_192 64, 32, 2
+#define FA_I_BWD_256 64, 32, 2
+#define FA_I_BWDQ_32 64, 64, 4
+#define FA_I_BWDQ_64 64, 64, 4
+#define FA_I_BWDQ_96 64, 64, 4
+#define FA_I_BWDQ_128 64, 64, 4
+#define FA_I_BWDQ_160 64, 32, 4
+#define FA_I_BWDQ_192 64, 32, 4
+#define FA_I_BWDQ_256 64, 32, 4
+#define FA_I_FIRST(a, b, c) a
+#define FA_I_SECOND(a, b, c) b
+#define FA_I_THIRD(a, b, c) c
+#define FA_I_APPLY(f, args) f args
+
+#define FA_I_LOG2E_F 1.4426950408889634f
+#define FA_I_LN2_F 0.6931471805599453f
+/* Bytes of the largest dynamic shared memory any kernel here may ask for. */
+#define FA_I_SMEM_MAX (163 * 1024)
+
+/* One compiled (dtype, head dim): kernels with their launch shapes. */
+typedef struct fa_i_kernels {
+    const void *fwd;
+    int fwd_rows, fwd_threads;
+    size_t fwd_smem;
+    const void *bwd_kv;
+    int bwd_keys, bwd_threads;
+    size_t bwd_smem;
+    const void *bwd_q;
+    int bwd_q_rows, bwd_q_threads;
+    size_t bwd_q_smem;
+} fa_i_kernels;
+
+/* Arguments every backward kernel shares, beside the params. */
+typedef struct fa_i_bwd_args {
+    float *dsum;   /* [B, Hq, Nq] D = rowsum(dO * O) */
+    float *dq_acc; /* [B, Hq, Nq, d] fp32 dQ (atomic mode), else NULL */
+} fa_i_bwd_args;
+
+/* ---- device helpers --------------------------------------------------------- */
+
+static __device__ __forceinline__ uint32_t fa_i_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy; src_bytes 0 fills zeros (rows past the end). */
+static __device__ __forceinline__ void fa_i_cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_i_smem_addr(smem)),
+                 "l"(gmem), "r"(src_bytes));
+}
+static __device__ __forceinline__ void fa_i_cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+static __device__ __forceinline__ void fa_i_cp_async_wait_1(void)
+{
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fa_i_cp_async_wait_0(void)
+{
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void fa_i_ldmatrix_x4(uint32_t r[4], const void *smem)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_i_smem_addr(smem)));
+}
+static __device__ __forceinline__ void fa_i_ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_i_smem_addr(smem)));
+}
+
+/* c += a * b on one m16n8k16 tile, fp32 accumulators. */
+#define FA_I_DEFINE_MMA(name, type)                                                          \
+    static __device__ __forceinline__ void name(float c[4], const uint32_t a[4], uint32_t b0, \
+                                                uint32_t b1)                                  \
+    {                                                                                        \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type                  \
+                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"          \
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                        \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));        \
+    }
+FA_I_DEFINE_MMA(fa_i_mma_f16, "f16")
+FA_I_DEFINE_MMA(fa_i_mma_bf16, "bf16")
+#undef FA_I_DEFINE_MMA
+
+/* Two floats to one register of 16-bit pairs, lo in the low half. */
+static __device__ __forceinline__ uint32_t fa_i_pack_f16(float lo, float hi)
+{
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+static __device__ __forceinline__ uint32_t fa_i_pack_bf16(float lo, float hi)
+{
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+static __device__ __forceinline__ float fa_i_dev_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Scalar loads and stores of a 16-bit element for the small kernels. */
+static __device__ __forceinline__ float fa_i_load16(const void *base, int64_t i, int bf16)
+{
+    const uint16_t h = ((const uint16_t *)base)[i];
+    float f;
+    if (bf16) return __uint_as_float((uint32_t)h << 16);
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(h));
+    return f;
+}
+static __device__ __forceinline__ void fa_i_store16(void *base, int64_t i, float f, int bf16)
+{
+    uint16_t h;
+    if (bf16) asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    else asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
+    ((uint16_t *)base)[i] = h;
+}
+
+static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, int b, int h, int s)
+{
+    return (int64_t)b * l->batch + (int64_t)h * l->head + (int64_t)s * l->seq;
+}
+
+/* Copies rows [row0, row0 + tile_rows) of a [rows][d] 16-bit matrix (row
+   stride in elements) into smem with pitch ld; rows at or past `rows` are
+   zero-filled. */
+static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
+                                                       int64_t stride, int row0, int rows,
+                                                       int tile_rows, int d, int ld, int tid,
+                                                       int nthreads)
+{
+    const int chunks = d / 8;
+    int c;
+    for (c = tid; c < tile_rows * chunks; c += nthreads) {
+        const int r = c / chunks, col = (c % chunks) * 8;
+        const int valid = row0 + r < rows;
+        const uint16_t *src = valid ? g + (int64_t)(row0 + r) * stride + col : g;
+        fa_i_cp_async16(smem + r * ld + col, src, valid ? 16 : 0);
+    }
+}
+
+/* Base-2 score of a raw logit x = q.k: scale * log2(e) * x, or with softcap
+   c: c * log2(e) * tanh(scale * x / c). */
+static __device__ __forceinline__ float fa_i_score(const fa_params *p, float x)
+{
+    return p->softcap > 0.0f ? p->softcap * FA_I_LOG2E_F * tanhf(x * (p->scale / p->softcap))
+                             : x * (p->scale * FA_I_LOG2E_F);
+}
+
+/* Whether any key in [c0, c0 + n) may be masked for query rows [r0, r1). */
+static __device__ __forceinline__ int fa_i_tile_needs_mask(const fa_params *p, int r0, int r1,
+                                                           int c0, int n)
+{
+    int lo_first, hi_first, lo_last, hi_last;
+    fa_i_key_range(p, r0, &lo_first, &hi_first);
+    fa_i_key_range(p, r1 - 1, &lo_last, &hi_last);
+    return !(lo_last <= c0 && hi_first >= c0 + n);
+}
+
+/* ---- kernels independent of head dim ---------------------------------------- */
+
+/* D = rowsum(dO * O) per query row; zeroes the fp32 dQ accumulator rows. One
+   warp per row. */
+static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int bf16 = p.dtype == FA_DTYPE_BF16;
+    if (row >= (int64_t)p.batch * p.heads_q * p.seqlen_q) return;
+    {
+        const int s = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.heads_q);
+        const int b = (int)(row / p.seqlen_q / p.heads_q);
+        const int64_t oo = fa_i_dev_offset(&p.o_layout, b, h, s);
+        const int64_t go = fa_i_dev_offset(&p.dout_layout, b, h, s);
+        float sum = 0.0f;
+        int i;
+        for (i = lane; i < p.head_dim; i += 32) {
+            sum += fa_i_load16(p.o, oo + i, bf16) * fa_i_load16(p.dout, go + i, bf16);
+            if (a.dq_acc) a.dq_acc[row * p.head_dim + i] = 0.0f;
+        }
+        for (i = 16; i > 0; i >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, i);
+        if (lane == 0) a.dsum[row] = sum;
+    }
+}
+
+/* dQ = scale * accumulator, stored in the params' dtype and layout. */
+static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t total = (int64_t)p.batch * p.heads_q * p.seqlen_q * p.head_dim;
+    if (i < total) {
+        const int64_t row = i / p.head_dim;
+        const int e = (int)(i % p.head_dim), s = (int)(row % p.seqlen_q);
+        const int h = (int)(row / p.seqlen_q % p.heads_q), b = (int)(row / p.seqlen_q / p.heads_q);
+        fa_i_store16(p.dq, fa_i_dev_offset(&p.dq_layout, b, h, s) + e, a.dq_acc[i] * p.scale,
+                     p.dtype == FA_DTYPE_BF16);
+    }
+}
+
+#if FA_VARIANT == 1
+/* FlashAttention 1 forward, the teaching variant: one CTA per (batch, head);
+   the outer loop streams K/V blocks through shared memory once; for each,
+   every query row reads its normalized O, m and l from the global workspace
+   `state`, merges the block, and writes them back. fp32 CUDA-core math. */
+#define FA_I_FA1_KEYS 32
+#define FA_I_FA1_THREADS 128
+static __global__ void __launch_bounds__(FA_I_FA1_THREADS)
+    fa_i_fwd_fa1(const fa_params p, float *state)
+{
+    extern __shared__ float fa_i_fa1_smem[];
+    const int d = p.head_dim, h = blockIdx.x % p.heads_q, b = blockIdx.x / p.heads_q;
+    const int hk = h / (p.heads_q / p.heads_kv), bf16 = p.dtype == FA_DTYPE_BF16;
+    float *sk = fa_i_fa1_smem, *sv = sk + FA_I_FA1_KEYS * d;
+    float *sp = sv + FA_I_FA1_KEYS * d + threadIdx.x * FA_I_FA1_KEYS; /* this thread's P~ */
+    float *o_state = state + ((int64_t)b * p.heads_q + h) * p.seqlen_q * (d + 2);
+    int c0, r, c, e;
+    for (r = threadIdx.x; r < p.seqlen_q; r += blockDim.x) {
+        float *st = o_state + (int64_t)r * (d + 2);
+        for (e = 0; e < d; ++e) st[e] = 0.0f;
+        st[d] = -INFINITY; /* m */
+        st[d + 1] = 0.0f;  /* l */
+    }
+    for (c0 = 0; c0 < p.seqlen_k; c0 += FA_I_FA1_KEYS) {
+        const int n = min(FA_I_FA1_KEYS, p.seqlen_k - c0);
+        __syncthreads();
+        for (e = threadIdx.x; e < n * d; e += blockDim.x) {
+            sk[e] = fa_i_load16(p.k, fa_i_dev_offset(&p.k_layout, b, hk, c0 + e / d) + e % d, bf16);
+            sv[e] = fa_i_load16(p.v, fa_i_dev_offset(&p.v_layout, b, hk, c0 + e / d) + e % d, bf16);
+        }
+        __syncthreads();
+        for (r = threadIdx.x; r < p.seqlen_q; r += blockDim.x) {
+            const int64_t qo = fa_i_dev_offset(&p.q_layout, b, h, r);
+            float *st = o_state + (int64_t)r * (d + 2);
+            float m_tile = -INFINITY, l_tile = 0.0f, m_new, w_old, w_tile;
+            int lo, hi;
+            fa_i_key_range(&p, r, &lo, &hi);
+            for (c = 0; c < n; ++c) { /* S~ = scores of this block */
+                float x = 0.0f;
+                for (e = 0; e < d; ++e) x += fa_i_load16(p.q, qo + e, bf16) * sk[c * d + e];
+                sp[c] = (c0 + c < lo || c0 + c >= hi) ? -INFINITY : fa_i_score(&p, x);
+                m_tile = fmaxf(m_tile, sp[c]);
+            }
+            if (m_tile == -INFINITY) continue;
+            for (c = 0; c < n; ++c) {
+                sp[c] = exp2f(sp[c] - m_tile);
+                l_tile += sp[c];
+            }
+            m_new = fmaxf(st[d], m_tile);
+            w_old = st[d + 1] * exp2f(st[d] - m_new);
+            w_tile = exp2f(m_tile - m_new);
+            st[d + 1] = w_old + w_tile * l_tile;
+            st[d] = m_new;
+            for (e = 0; e < d; ++e) {
+                float pv = 0.0f;
+                for (c = 0; c < n; ++c) pv += sp[c] * sv[c * d + e];
+                st[e] = (w_old * st[e] + w_tile * pv) / st[d + 1];
+            }
+        }
+    }
+    for (r = threadIdx.x; r < p.seqlen_q; r += blockDim.x) {
+        const float *st = o_state + (int64_t)r * (d + 2);
+        const int64_t oo = fa_i_dev_offset(&p.o_layout, b, h, r);
+        for (e = 0; e < d; ++e) fa_i_store16(p.o, oo + e, st[e], bf16);
+        if (p.lse)
+            p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + r] =
+                st[d + 1] > 0.0f ? (st[d] + log2f(st[d + 1])) * FA_I_LN2_F : -INFINITY;
+    }
+}
+#endif
+
+/* ---- kernels per (head dim, dtype): this file, included again ------------------ */
+
+#define FA_I_PASS 1
+#if FA_I_BUILD_D(32)
+#define FA_I_D 32
+#include "flashattn_cuda.cuh"
+#undef FA_I_D
+#endif
+#if FA_I_BUILD_D(64)
+#define FA_I_D 64
+#include "flashattn_cuda.cuh"
+#undef FA_I_D
+#endif
+#if FA_I_BUILD_D(96)
+#define FA_I_D 96
+#include "flashattn_cuda.cuh"
+#undef FA_I_D
+#endif
+#if FA_I_BUILD_D(128)
+#define FA_I_D 128
+#include "flashattn_cuda.cuh"
+#undef FA_I_D
+#endif
+#if FA_I_BUILD_D(160)
+#define FA_I_D 160
+#include "flashattn_cuda.cuh"
+#undef FA_I_D
+#endif
+#if FA_I_BUILD_D(192)
+#define FA_I_D 192
+#include "flashattn_cuda.cuh"
+#undef FA_I_D
+#endif
+#if FA_I_BUILD_D(256)
+#define FA_I_D 256
+#include "flashattn_cuda.cuh"
+#undef FA_I_D
+#endif
+#undef FA_I_PASS
+
+/* ---- host side ------------------------------------------------------------------ */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The kernels for (head dim, dtype), or NULL when this build has none. */
+static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
+{
+    const fa_i_kernels *sets = NULL; /* [0] f16, [1] bf16 */
+    switch (d) {
+#if FA_I_BUILD_D(32)
+    case 32: sets = fa_i_kernels_32; break;
+#endif
+#if FA_I_BUILD_D(64)
+    case 64: sets = fa_i_kernels_64; break;
+#endif
+#if FA_I_BUILD_D(96)
+    case 96: sets = fa_i_kernels_96; break;
+#endif
+#if FA_I_BUILD_D(128)
+    case 128: sets = fa_i_kernels_128; break;
+#endif
+#if FA_I_BUILD_D(160)
+    case 160: sets = fa_i_kernels_160; break;
+#endif
+#if FA_I_BUILD_D(192)
+    case 192: sets = fa_i_kernels_192; break;
+#endif
+#if FA_I_BUILD_D(256)
+    case 256: sets = fa_i_kernels_256; break;
+#endif
+    default: return NULL;
+    }
+    if (dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16) return NULL;
+    sets += dtype == FA_DTYPE_BF16;
+    return sets->fwd ? sets : NULL;
+}
+
+static fa_status fa_i_cuda_error(cudaError_t e, const char *what)
+{
+    return fa_i_fail(FA_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
+}
+
+static int fa_i_aligned(const void *ptr, const fa_layout *l)
+{
+    return ((uintptr_t)ptr % 16 == 0) && l->batch % 8 == 0 && l->head % 8 == 0 && l->seq % 8 == 0;
+}
+
+/* Validates for the GPU: resolved params, kernels, device and alignment. */
+static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_params *p,
+                                 const fa_i_kernels **kernels)
+{
+    fa_status s = fa_params_resolve(params, pass, p);
+    int dev, major, smem_optin;
+    cudaError_t e;
+    if (s != FA_OK) return s;
+    if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "the GPU path takes f16 or bf16, not dtype %d",
+                         (int)p->dtype);
+    *kernels = fa_i_find_kernels(p->head_dim, p->dtype);
+    if (!*kernels)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d with dtype %d is not in this build",
+                         p->head_dim, (int)p->dtype);
+    if (p->heads_q > 65535 || p->batch > 65535)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "heads_q and batch must be <= 65535");
+    if (!fa_i_aligned(p->q, &p->q_layout) || !fa_i_aligned(p->k, &p->k_layout) ||
+        !fa_i_aligned(p->v, &p->v_layout) || !fa_i_aligned(p->o, &p->o_layout) ||
+        (pass == FA_PASS_BACKWARD &&
+         (!fa_i_aligned(p->dout, &p->dout_layout) || !fa_i_aligned(p->dq, &p->dq_layout) ||
+          !fa_i_aligned(p->dk, &p->dk_layout) || !fa_i_aligned(p->dv, &p->dv_layout))))
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "GPU rows must be 16-byte aligned: pointers 16-byte aligned and "
+                         "strides multiples of 8 elements");
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fa_i_cuda_error(e, "cudaGetDevice");
+    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) !=
+        cudaSuccess)
+        return fa_i_cuda_error(e, "cudaDeviceGetAttribute");
+    if (major < 8)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "compute capability %d.x < 8.0", major);
+    if ((e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    dev)) != cudaSuccess)
+        return fa_i_cuda_error(e, "cudaDeviceGetAttribute");
+    if ((size_t)smem_optin < (*kernels)->fwd_smem || (size_t)smem_optin < (*kernels)->bwd_smem)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "the device allows %d bytes of shared memory",
+                         smem_optin);
+    return FA_OK;
+}
+
+/* Launches kernel(p, extra) with the dynamic shared memory raised as needed. */
+static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t smem,
+                             cudaStream_t stream, const fa_params *p, void *extra)
+{
+    void *args[2];
+    cudaError_t e;
+    args[0] = (void *)p;
+    args[1] = extra;
+    if (smem > 48 * 1024 &&
+        (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem)) != cudaSuccess)
+        return fa_i_cuda_error(e, "cudaFuncSetAttribute");
+    if ((e = cudaLaunchKernel(kernel, grid, dim3(threads), args, smem, stream)) != cudaSuccess)
+        return fa_i_cuda_error(e, "cudaLaunchKernel");
+    if ((e = cudaGetLastError()) != cudaSuccess) return fa_i_cuda_error(e, "kernel launch");
+    return FA_OK;
+}
+
+static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
+
+FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
+{
+    fa_params p;
+    const fa_i_kernels *k;
+    return fa_i_cuda_check(params, pass, &p, &k);
+}
+
+FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
+{
+    fa_params p;
+    if (fa_params_resolve(params, FA_PASS_FORWARD, &p) != FA_OK) return 0;
+#if FA_VARIANT == 1
+    return sizeof(float) * (size_t)p.batch * p.heads_q * p.seqlen_q * (p.head_dim + 2);
+#else
+    return 0;
+#endif
+}
+
+FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_t workspace_size,
+                                 cudaStream_t stream)
+{
+    fa_params p;
+    const fa_i_kernels *k;
+    fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, &p, &k);
+    if (s != FA_OK) return s;
+#if FA_VARIANT == 1
+    {
+        const size_t need = fa_cuda_forward_workspace_size(&p);
+        const size_t smem = sizeof(float) * FA_I_FA1_KEYS * (2 * p.head_dim + FA_I_FA1_THREADS);
+        if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
+            return fa_i_fail(FA_ERR_WORKSPACE, "FA1 needs %zu bytes, 16-byte aligned", need);
+        return fa_i_launch((const void *)fa_i_fwd_fa1, dim3(p.batch * p.heads_q),
+                           FA_I_FA1_THREADS, smem, stream, &p, &workspace);
+    }
+#else
+    (void)workspace;
+    (void)workspace_size;
+    return fa_i_launch(k->fwd, dim3(fa_i_blocks(p.seqlen_q, k->fwd_rows), p.heads_q, p.batch),
+                       k->fwd_threads, k->fwd_smem, stream, &p, &workspace);
+#endif
+}
+
+FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
+{
+    fa_params p;
+    size_t rows;
+    if (fa_params_resolve(params, FA_PASS_BACKWARD, &p) != FA_OK) return 0;
+    rows = (size_t)p.batch * p.heads_q * p.seqlen_q;
+    return sizeof(float) * (rows + (deterministic ? 0 : rows * p.head_dim));
+}
+
+FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, void *workspace,
+                                  size_t workspace_size, cudaStream_t stream)
+{
+    fa_params p;
+    const fa_i_kernels *k;
+    fa_i_bwd_args a;
+    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &p, &k);
+    const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;
+    size_t need;
+    if (s != FA_OK) return s;
+    need = fa_cuda_backward_workspace_size(&p, deterministic);
+    if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
+        return fa_i_fail(FA_ERR_WORKSPACE, "backward needs %zu bytes, 16-byte aligned", need);
+    a.dsum = (float *)workspace;
+    a.dq_acc = deterministic ? NULL : a.dsum + ((rows + 3) / 4) * 4;
+    if (!deterministic && need < sizeof(float) * (((rows + 3) / 4) * 4 + rows * p.head_dim))
+        return fa_i_fail(FA_ERR_WORKSPACE, "internal: dQ accumulator alignment");
+    s = fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(rows, 8)), 256, 0, stream,
+                    &p, &a);
+    if (s == FA_OK)
+        s = fa_i_launch(k->bwd_kv, dim3(fa_i_blocks(p.seqlen_k, k->bwd_keys), p.heads_kv, p.batch),
+                        k->bwd_threads, k->bwd_smem, stream, &p, &a);
+    if (s == FA_OK && deterministic)
+        s = fa_i_launch(k->bwd_q, dim3(fa_i_blocks(p.seqlen_q, k->bwd_q_rows), p.heads_q, p.batch),
+                        k->bwd_q_threads, k->bwd_q_smem, stream, &p, &a);
+    if (s == FA_OK && !deterministic)
+        s = fa_i_launch((const void *)fa_i_bwd_postprocess,
+                        dim3(fa_i_blocks(rows * p.head_dim, 256)), 256, 0, stream, &p, &a);
+    return s;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_CUDA_IMPLEMENTATION_DONE */
+#endif /* FLASHATTN_CUDA_IMPLEMENTATION */
+
+/* ======================================================================== */
+#elif FA_I_PASS == 1
+/* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
+#define FA_I_NAME(kind, dt) \
+    FA_I_CAT(FA_I_CAT(FA_I_CAT(fa_i_, kind), FA_I_CAT(_, dt)), FA_I_CAT(_d, FA_I_D))
+#ifdef FA_BLOCK_M
+#define FA_I_FWD_CFG (FA_BLOCK_M, FA_BLOCK_N, FA_NUM_WARPS)
+#else
+#define FA_I_FWD_CFG (FA_I_CAT(FA_I_FWD_, FA_I_D))
+#endif
+#define FA_I_BWD_CFG (FA_I_CAT(FA_I_BWD_, FA_I_D))
+#define FA_I_BWDQ_CFG (FA_I_CAT(FA_I_BWDQ_, FA_I_D))
+#define FA_I_CFG(which, field) FA_I_APPLY(field, which)
+/* Shared memory of each kernel in bytes (16-bit rows padded by 8 elements). */
+#define FA_I_FWD_SMEM \
+    (2 * (FA_I_D + 8) * (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
+#define FA_I_BWD_SMEM                                                                         \
+    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) +                             \
+                          4 * FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND)) +                           \
+          FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) * (FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND) + 8)) +     \
+     4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND))
+#define FA_I_BWDQ_SMEM \
+    (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
+static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
+static_assert(FA_I_BWD_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
+
+#undef FA_I_PASS
+#define FA_I_PASS 2
+#if FA_CUDA_DTYPE != 2
+#define FA_I_DT f16
+#include "flashattn_cuda.cuh"
+#undef FA_I_DT
+#endif
+#if FA_CUDA_DTYPE != 1
+#define FA_I_DT bf16
+#include "flashattn_cuda.cuh"
+#undef FA_I_DT
+#endif
+#undef FA_I_PASS
+#define FA_I_PASS 1
+
+#define FA_I_ENTRY(dt)                                                                        \
+    {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
+     32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
+     (const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST),                 \
+     2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) * FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD),             \
+     FA_I_BWD_SMEM, (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),   \
+     32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM}
+static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
+#if FA_CUDA_DTYPE != 2
+    FA_I_ENTRY(f16),
+#else
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+#endif
+#if FA_CUDA_DTYPE != 1
+    FA_I_ENTRY(bf16),
+#else
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+#endif
+};
+#undef FA_I_ENTRY
+#undef FA_I_FWD_SMEM
+#undef FA_I_BWD_SMEM
+#undef FA_I_BWDQ_SMEM
+#undef FA_I_FWD_CFG
+#undef FA_I_BWD_CFG
+#undef FA_I_BWDQ_CFG
+#undef FA_I_CFG
+#undef FA_I_NAME
+
+/* ======================================================================== */
+#elif FA_I_PASS == 2
+/* Kernels for one (head dim FA_I_D, dtype FA_I_DT). Register tiles follow the
+   mma.sync m16n8k16 fragments: lane = 4 * g + t; an accumulator tile holds
+   rows g and g + 8, columns 2t and 2t + 1 of each 8-wide column block. */
+#define FA_I_MMA FA_I_CAT(fa_i_mma_, FA_I_DT)
+#define FA_I_PACK FA_I_CAT(fa_i_pack_, FA_I_DT)
+
+/* A operand (16 rows x 16 k) from a row-major smem tile with pitch ld. */
+#define FA_I_LOAD_A(frag, base, ld, row0, k0) \
+    fa_i_ldmatrix_x4(frag, (base) + ((row0) + (lane & 15)) * (ld) + (k0) + (lane >> 4) * 8)
+/* B operands of two 8-wide column blocks from a [n][k] smem tile. */
+#define FA_I_LOAD_B_NK(frag, base, ld, n0, k0)                                             \
+    fa_i_ldmatrix_x4(frag, (base) + ((n0) + (lane & 7) + ((lane >> 4) << 3)) * (ld) + (k0) + \
+                               ((lane >> 3) & 1) * 8)
+/* B operands of two 8-wide column blocks from a [k][n] smem tile. */
+#define FA_I_LOAD_B_KN(frag, base, ld, k0, n0)                                                \
+    fa_i_ldmatrix_x4_trans(frag, (base) + ((k0) + (lane & 7) + (((lane >> 3) & 1) << 3)) * (ld) + \
+                                     (n0) + (lane >> 4) * 8)
+/* A operand (16 m x 16 k) from an smem tile stored transposed, [k][m]. */
+#define FA_I_LOAD_A_KM(frag, base, ld, k0, m0)                                                \
+    fa_i_ldmatrix_x4_trans(frag, (base) + ((k0) + (lane & 7) + ((lane >> 4) << 3)) * (ld) + \
+                                     (m0) + ((lane >> 3) & 1) * 8)
+/* A operand for the k16 slice kk taken from accumulator tiles acc (P as A). */
+#define FA_I_ACC_AS_A(frag, acc, kk)                              \
+    do {                                                          \
+        frag[0] = FA_I_PACK(acc[2 * (kk)][0], acc[2 * (kk)][1]);         \
+        frag[1] = FA_I_PACK(acc[2 * (kk)][2], acc[2 * (kk)][3]);         \
+        frag[2] = FA_I_PACK(acc[2 * (kk) + 1][0], acc[2 * (kk) + 1][1]); \
+        frag[3] = FA_I_PACK(acc[2 * (kk) + 1][2], acc[2 * (kk) + 1][3]); \
+    } while (0)
+
+/* ---- forward (FA2) ---------------------------------------------------------- */
+static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD))
+    FA_I_NAME(fwd, FA_I_DT)(const fa_params p, void *unused)
+{
+    enum {
+        D = FA_I_D, BM = FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST), BN = FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND),
+        NT = 32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), LD = D + 8
+    };
+    extern __shared__ uint4 fa_i_smem[];
+    uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + BM * LD, *sv = sk + 2 * BN * LD;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.heads_q / p.heads_kv);
+    const int last = min(m0 + BM, p.seqlen_q) - 1;
+    const int row0 = m0 + warp * 16 + (lane >> 2), row1 = row0 + 8; /* this thread's rows */
+    const uint16_t *gq = (const uint16_t *)p.q + fa_i_dev_offset(&p.q_layout, b, h, 0);
+    const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0);
+    const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
+    float o[D / 8][4], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    int lo0, hi0, lo1, hi1, first_lo, last_hi, unused_bound, n, n_first, n_end, i, j;
+    (void)unused;
+    fa_i_key_range(&p, row0, &lo0, &hi0);
+    fa_i_key_range(&p, row1, &lo1, &hi1);
+    fa_i_key_range(&p, m0, &first_lo, &unused_bound);
+    fa_i_key_range(&p, last, &unused_bound, &last_hi);
+    n_first = first_lo / BN; /* key blocks wholly outside every row's range are skipped */
+    n_end = (last_hi + BN - 1) / BN;
+#pragma unroll
+    for (i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+    fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
+    if (n_first < n_end) {
+        fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
+        fa_i_async_tile(sv, gv, p.v_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
+    }
+    fa_i_cp_async_commit();
+    for (n = n_first; n < n_end; ++n) {
+        const int stage = (n - n_first) & 1, c0 = n * BN;
+        const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
+        float s[BN / 8][4], mx0, mx1, ref0, ref1, alpha0, alpha1, sum0 = 0.0f, sum1 = 0.0f;
+        if (n + 1 < n_end) { /* prefetch the next block into the other stage */
+            fa_i_async_tile(sk + (stage ^ 1) * BN * LD, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN,
+                            D, LD, tid, NT);
+            fa_i_async_tile(sv + (stage ^ 1) * BN * LD, gv, p.v_layout.seq, c0 + BN, p.seqlen_k, BN,
+                            D, LD, tid, NT);
+        }
+        fa_i_cp_async_commit();
+        fa_i_cp_async_wait_1();
+        __syncthreads();
+
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (i = 0; i < D / 16; ++i) { /* S = Q K^T */
+            uint32_t a[4];
+            FA_I_LOAD_A(a, sq, LD, warp * 16, i * 16);
+#pragma unroll
+            for (j = 0; j < BN / 16; ++j) {
+                uint32_t bk[4];
+                FA_I_LOAD_B_NK(bk, skt, LD, j * 16, i * 16);
+                FA_I_MMA(s[2 * j], a, bk[0], bk[1]);
+                FA_I_MMA(s[2 * j + 1], a, bk[2], bk[3]);
+            }
+        }
+        {
+            const int masked = fa_i_tile_needs_mask(&p, m0, last + 1, c0, BN);
+#pragma unroll
+            for (i = 0; i < BN / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const int col = c0 + i * 8 + 2 * (lane & 3) + (j & 1);
+                    const int lo = j < 2 ? lo0 : lo1, hi = j < 2 ? hi0 : hi1;
+                    s[i][j] = masked && (col < lo || col >= hi) ? -INFINITY : fa_i_score(&p, s[i][j]);
+                }
+        }
+        mx0 = m_run[0];
+        mx1 = m_run[1];
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) {
+            mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[i][2], s[i][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        ref0 = mx0 == -INFINITY ? 0.0f : mx0; /* a row with nothing visible yet stays 0 */
+        ref1 = mx1 == -INFINITY ? 0.0f : mx1;
+        alpha0 = fa_i_dev_exp2(m_run[0] - ref0);
+        alpha1 = fa_i_dev_exp2(m_run[1] - ref1);
+        m_run[0] = mx0;
+        m_run[1] = mx1;
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) {
+            s[i][0] = fa_i_dev_exp2(s[i][0] - ref0);
+            s[i][1] = fa_i_dev_exp2(s[i][1] - ref0);
+            s[i][2] = fa_i_dev_exp2(s[i][2] - ref1);
+            s[i][3] = fa_i_dev_exp2(s[i][3] - ref1);
+            sum0 += s[i][0] + s[i][1];
+            sum1 += s[i][2] + s[i][3];
+        }
+        l_run[0] = l_run[0] * alpha0 + sum0; /* per-thread partial sums; reduced at the end */
+        l_run[1] = l_run[1] * alpha1 + sum1;
+#pragma unroll
+        for (i = 0; i < D / 8; ++i) {
+            o[i][0] *= alpha0;
+            o[i][1] *= alpha0;
+            o[i][2] *= alpha1;
+            o[i][3] *= alpha1;
+        }
+#pragma unroll
+        for (i = 0; i < BN / 16; ++i) { /* O += P V, P straight from the S registers */
+            uint32_t a[4];
+            FA_I_ACC_AS_A(a, s, i);
+#pragma unroll
+            for (j = 0; j < D / 16; ++j) {
+                uint32_t bv[4];
+                FA_I_LOAD_B_KN(bv, svt, LD, i * 16, j * 16);
+                FA_I_MMA(o[2 * j], a, bv[0], bv[1]);
+                FA_I_MMA(o[2 * j + 1], a, bv[2], bv[3]);
+            }
+        }
+        __syncthreads(); /* every warp is done with this stage before it is refilled */
+    }
+    fa_i_cp_async_wait_0();
+
+    for (i = 1; i <= 2; i <<= 1) {
+        l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], i);
+        l_run[1] += __shfl_xor_sync(0xffffffffu, l_run[1], i);
+    }
+    {
+        const float inv0 = l_run[0] > 0.0f ? 1.0f / l_run[0] : 0.0f;
+        const float inv1 = l_run[1] > 0.0f ? 1.0f / l_run[1] : 0.0f;
+        uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, 0);
+        const int col = 2 * (lane & 3);
+#pragma unroll
+        for (i = 0; i < D / 8; ++i) {
+            if (row0 < p.seqlen_q)
+                *(uint32_t *)(go + row0 * p.o_layout.seq + i * 8 + col) =
+                    FA_I_PACK(o[i][0] * inv0, o[i][1] * inv0);
+            if (row1 < p.seqlen_q)
+                *(uint32_t *)(go + row1 * p.o_layout.seq + i * 8 + col) =
+                    FA_I_PACK(o[i][2] * inv1, o[i][3] * inv1);
+        }
+        if ((lane & 3) == 0 && p.lse) {
+            float *lse = p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+            if (row0 < p.seqlen_q)
+                lse[row0] = l_run[0] > 0.0f ? (m_run[0] + log2f(l_run[0])) * FA_I_LN2_F : -INFINITY;
+            if (row1 < p.seqlen_q)
+                lse[row1] = l_run[1] > 0.0f ? (m_run[1] + log2f(l_run[1])) * FA_I_LN2_F : -INFINITY;
+        }
+    }
+}
+
+/* ---- backward: dK, dV (and dQ by atomics) per key block ------------------------ */
+
+/* Loads one step of the backward's query side: Q, dO (async) and, per row,
+   the base-2 LSE, D and the key range. */
+static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
+    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, uint16_t *sq, uint16_t *sdo,
+    float *slse, float *sdsum, int *slo, int *shi, int bm, int d, int ld, int tid, int nthreads)
+{
+    const int64_t row_base = ((int64_t)b * p->heads_q + h) * p->seqlen_q;
+    int r;
+    fa_i_async_tile(sq, (const uint16_t *)p->q + fa_i_dev_offset(&p->q_layout, b, h, 0),
+                    p->q_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
+    fa_i_async_tile(sdo, (const uint16_t *)p->dout + fa_i_dev_offset(&p->dout_layout, b, h, 0),
+                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
+    for (r = tid; r < bm; r += nthreads) {
+        int lo = 0, hi = 0;
+        float lse = -INFINITY, dsum = 0.0f;
+        if (r0 + r < p->seqlen_q) {
+            fa_i_key_range(p, r0 + r, &lo, &hi);
+            lse = p->lse[row_base + r0 + r];
+            dsum = a->dsum[row_base + r0 + r];
+        }
+        /* LSE = -inf marks an empty row; +inf makes its P = 2^(s - inf) = 0. */
+        slse[r] = lse == -INFINITY ? INFINITY : lse * FA_I_LOG2E_F;
+        sdsum[r] = dsum;
+        slo[r] = lo;
+        shi[r] = hi;
+    }
+}
+
+/* First and last query rows that may see keys [c0, c1) (first > last: none).
+   Key ranges grow with the row, so both are binary searches. */
+static __device__ __forceinline__ void FA_I_NAME(bwd_row_span, FA_I_DT)(const fa_params *p, int c0,
+                                                                        int c1, int *first,
+                                                                        int *last)
+{
+    int a = 0, z = p->seqlen_q, lo, hi;
+    while (a < z) { /* first row with hi > c0 */
+        const int mid = (a + z) / 2;
+        fa_i_key_range(p, mid, &lo, &hi);
+        if (hi > c0) z = mid; else a = mid + 1;
+    }
+    *first = a;
+    a = 0;
+    z = p->seqlen_q;
+    while (a < z) { /* first row with lo >= c1 */
+        const int mid = (a + z) / 2;
+        fa_i_key_range(p, mid, &lo, &hi);
+        if (lo >= c1) z = mid; else a = mid + 1;
+    }
+    *last = a - 1;
+}
+
+static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) *
+                                         FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD))
+    FA_I_NAME(bwd_kv, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
+{
+    enum {
+        D = FA_I_D, BN = FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST), BM = FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND),
+        WD = FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD), KW = BN / 16, NW = KW * WD, NT = 32 * NW,
+        DS = D / WD, LD = D + 8, LDS = BM + 8,
+        /* dQ = dS K: warps as QR row groups x QC column groups of DQC columns */
+        QR = BM / 16,
+        QC = D % (16 * (NW / QR)) == 0 ? NW / QR : D % (16 * (NW / QR / 2)) == 0 ? NW / QR / 2 : 1,
+        DQC = D / QC
+    };
+    extern __shared__ uint4 fa_i_smem[];
+    uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
+    uint16_t *sdo = sq + 2 * BM * LD, *sds = sdo + 2 * BM * LD;
+    float *slse = (float *)(sds + BN * LDS), *sdsum = slse + 2 * BM;
+    int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kw = warp % KW, wd = warp / KW, qw = warp % QR, cw = warp / QR;
+    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.heads_q / p.heads_kv;
+    const int key0 = c0 + kw * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's keys */
+    float dk[DS / 8][4], dv[DS / 8][4];
+    int first, last, blocks, steps, t, i, j;
+
+    FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
+    blocks = first <= last ? last / BM - first / BM + 1 : 0;
+    steps = group * blocks; /* (query head, query block) pairs, in order */
+#pragma unroll
+    for (i = 0; i < DS / 8; ++i)
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+
+    fa_i_async_tile(sk, (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0),
+                    p.k_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
+    fa_i_async_tile(sv, (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0),
+                    p.v_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
+    if (steps > 0)
+        FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group, (first / BM) * BM, sq, sdo, slse, sdsum,
+                                     slo, shi, BM, D, LD, tid, NT);
+    fa_i_cp_async_commit();
+    for (t = 0; t < steps; ++t) {
+        const int stage = t & 1, h = hk * group + t / blocks;
+        const int r0 = (first / BM + t % blocks) * BM;
+        const uint16_t *sqt = sq + stage * BM * LD, *sdot = sdo + stage * BM * LD;
+        const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
+        const int *lo = slo + stage * BM, *hi = shi + stage * BM;
+        float st[BM / 8][4], dpt[BM / 8][4];
+        if (t + 1 < steps) {
+            const int tn = t + 1;
+            FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group + tn / blocks,
+                                         (first / BM + tn % blocks) * BM,
+                                         sq + (stage ^ 1) * BM * LD, sdo + (stage ^ 1) * BM * LD,
+                                         slse + (stage ^ 1) * BM, sdsum + (stage ^ 1) * BM,
+                                         slo + (stage ^ 1) * BM, shi + (stage ^ 1) * BM, BM, D, LD,
+                                         tid, NT);
+        }
+        fa_i_cp_async_commit();
+        fa_i_cp_async_wait_1();
+        __syncthreads();
+
+#pragma unroll
+        for (i = 0; i < BM / 8; ++i)
+            st[i][0] = st[i][1] = st[i][2] = st[i][3] = dpt[i][0] = dpt[i][1] = dpt[i][2] =
+                dpt[i][3] = 0.0f;
+#pragma unroll
+        for (i = 0; i < D / 16; ++i) { /* S^T = K Q^T and dP^T = V dO^T for this warp's keys */
+            uint32_t ak[4], av[4];
+            FA_I_LOAD_A(ak, sk, LD, kw * 16, i * 16);
+            FA_I_LOAD_A(av, sv, LD, kw * 16, i * 16);
+#pragma unroll
+            for (j = 0; j < BM / 16; ++j) {
+                uint32_t bq[4], bo[4];
+                FA_I_LOAD_B_NK(bq, sqt, LD, j * 16, i * 16);
+                FA_I_LOAD_B_NK(bo, sdot, LD, j * 16, i * 16);
+                FA_I_MMA(st[2 * j], ak, bq[0], bq[1]);
+                FA_I_MMA(st[2 * j + 1], ak, bq[2], bq[3]);
+                FA_I_MMA(dpt[2 * j], av, bo[0], bo[1]);
+                FA_I_MMA(dpt[2 * j + 1], av, bo[2], bo[3]);
+            }
+        }
+#pragma unroll
+        for (i = 0; i < BM / 8; ++i) /* P^T and dS^T = P^T (dP^T - D), masked */
+#pragma unroll
+            for (j = 0; j < 4; ++j) {
+                const int r = i * 8 + 2 * (lane & 3) + (j & 1), key = j < 2 ? key0 : key1;
+                const float s2 = fa_i_score(&p, st[i][j]);
+                const float prob = key >= lo[r] && key < hi[r] ? fa_i_dev_exp2(s2 - lse2[r]) : 0.0f;
+                float ds = prob * (dpt[i][j] - dsum[r]);
+                if (p.softcap > 0.0f) { /* d(c tanh(x / c)) = (1 - tanh^2) dx */
+                    const float th = s2 / (p.softcap * FA_I_LOG2E_F);
+                    ds *= 1.0f - th * th;
+                }
+                st[i][j] = prob;
+                dpt[i][j] = ds;
+            }
+#pragma unroll
+        for (i = 0; i < BM / 16; ++i) { /* dV += P^T dO, dK += dS^T Q on this warp's d slice */
+            uint32_t ap[4], ads[4];
+            FA_I_ACC_AS_A(ap, st, i);
+            FA_I_ACC_AS_A(ads, dpt, i);
+#pragma unroll
+            for (j = 0; j < DS / 16; ++j) {
+                uint32_t bo[4], bq[4];
+                FA_I_LOAD_B_KN(bo, sdot, LD, i * 16, wd * DS + j * 16);
+                FA_I_LOAD_B_KN(bq, sqt, LD, i * 16, wd * DS + j * 16);
+                FA_I_MMA(dv[2 * j], ap, bo[0], bo[1]);
+                FA_I_MMA(dv[2 * j + 1], ap, bo[2], bo[3]);
+                FA_I_MMA(dk[2 * j], ads, bq[0], bq[1]);
+                FA_I_MMA(dk[2 * j + 1], ads, bq[2], bq[3]);
+            }
+        }
+        if (a.dq_acc) { /* dQ += dS K, through smem, added to the fp32 accumulator */
+            float dq[DQC / 8][4];
+            if (wd == 0)
+#pragma unroll
+                for (i = 0; i < BM / 8; ++i) {
+                    const int r = i * 8 + 2 * (lane & 3);
+                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2)) * LDS + r) = FA_I_PACK(dpt[i][0], dpt[i][1]);
+                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2) + 8) * LDS + r) = FA_I_PACK(dpt[i][2], dpt[i][3]);
+                }
+            __syncthreads();
+            if (cw < QC) {
+                float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
+#pragma unroll
+                for (i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+                for (i = 0; i < BN / 16; ++i) {
+                    uint32_t ads[4];
+                    FA_I_LOAD_A_KM(ads, sds, LDS, i * 16, qw * 16);
+#pragma unroll
+                    for (j = 0; j < DQC / 16; ++j) {
+                        uint32_t bk[4];
+                        FA_I_LOAD_B_KN(bk, sk, LD, i * 16, cw * DQC + j * 16);
+                        FA_I_MMA(dq[2 * j], ads, bk[0], bk[1]);
+                        FA_I_MMA(dq[2 * j + 1], ads, bk[2], bk[3]);
+                    }
+                }
+#pragma unroll
+                for (i = 0; i < DQC / 8; ++i) {
+                    const int q0 = r0 + qw * 16 + (lane >> 2), col = cw * DQC + i * 8 + 2 * (lane & 3);
+                    if (q0 < p.seqlen_q) {
+                        atomicAdd(acc + (int64_t)q0 * D + col, dq[i][0]);
+                        atomicAdd(acc + (int64_t)q0 * D + col + 1, dq[i][1]);
+                    }
+                    if (q0 + 8 < p.seqlen_q) {
+                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col, dq[i][2]);
+                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col + 1, dq[i][3]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* stage and dS^T free for the next step */
+    }
+    fa_i_cp_async_wait_0();
+    {
+        uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
+        uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
+#pragma unroll
+        for (i = 0; i < DS / 8; ++i) {
+            const int col = wd * DS + i * 8 + 2 * (lane & 3);
+            if (key0 < p.seqlen_k) {
+                *(uint32_t *)(gdk + key0 * p.dk_layout.seq + col) =
+                    FA_I_PACK(dk[i][0] * p.scale, dk[i][1] * p.scale);
+                *(uint32_t *)(gdv + key0 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][0], dv[i][1]);
+            }
+            if (key1 < p.seqlen_k) {
+                *(uint32_t *)(gdk + key1 * p.dk_layout.seq + col) =
+                    FA_I_PACK(dk[i][2] * p.scale, dk[i][3] * p.scale);
+                *(uint32_t *)(gdv + key1 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][2], dv[i][3]);
+            }
+        }
+    }
+}
+
+/* ---- backward, deterministic dQ: one CTA per query block, no atomics ---------- */
+static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD))
+    FA_I_NAME(bwd_q, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
+{
+    enum {
+        D = FA_I_D, BM = FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST), BN = FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND),
+        NT = 32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), LD = D + 8
+    };
+    extern __shared__ uint4 fa_i_smem[];
+    uint16_t *sq = (uint16_t *)fa_i_smem, *sdo = sq + BM * LD, *sk = sdo + BM * LD;
+    uint16_t *sv = sk + 2 * BN * LD;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.heads_q / p.heads_kv);
+    const int last = min(m0 + BM, p.seqlen_q) - 1;
+    const int row0 = m0 + warp * 16 + (lane >> 2), row1 = row0 + 8;
+    const int64_t row_base = ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+    const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0);
+    const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
+    float dq[D / 8][4], lse2[2], dsum[2];
+    int lo[2], hi[2], first_lo, last_hi, unused_bound, n, n_first, n_end, i, j;
+    for (i = 0; i < 2; ++i) {
+        const int r = i ? row1 : row0;
+        const float lse = r < p.seqlen_q ? p.lse[row_base + r] : -INFINITY;
+        lse2[i] = lse == -INFINITY ? INFINITY : lse * FA_I_LOG2E_F;
+        dsum[i] = r < p.seqlen_q ? a.dsum[row_base + r] : 0.0f;
+        fa_i_key_range(&p, r, &lo[i], &hi[i]);
+    }
+    fa_i_key_range(&p, m0, &first_lo, &unused_bound);
+    fa_i_key_range(&p, last, &unused_bound, &last_hi);
+    n_first = first_lo / BN;
+    n_end = (last_hi + BN - 1) / BN;
+#pragma unroll
+    for (i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+    fa_i_async_tile(sq, (const uint16_t *)p.q + fa_i_dev_offset(&p.q_layout, b, h, 0),
+                    p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
+    fa_i_async_tile(sdo, (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, 0),
+                    p.dout_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
+    if (n_first < n_end) {
+        fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
+        fa_i_async_tile(sv, gv, p.v_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
+    }
+    fa_i_cp_async_commit();
+    for (n = n_first; n < n_end; ++n) {
+        const int stage = (n - n_first) & 1, c0 = n * BN;
+        const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
+        float s[BN / 8][4], dp[BN / 8][4];
+        if (n + 1 < n_end) {
+            fa_i_async_tile(sk + (stage ^ 1) * BN * LD, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN,
+                            D, LD, tid, NT);
+            fa_i_async_tile(sv + (stage ^ 1) * BN * LD, gv, p.v_layout.seq, c0 + BN, p.seqlen_k, BN,
+                            D, LD, tid, NT);
+        }
+        fa_i_cp_async_commit();
+        fa_i_cp_async_wait_1();
+        __syncthreads();
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+#pragma unroll
+        for (i = 0; i < D / 16; ++i) { /* S = Q K^T, dP = dO V^T */
+            uint32_t aq[4], ao[4];
+            FA_I_LOAD_A(aq, sq, LD, warp * 16, i * 16);
+            FA_I_LOAD_A(ao, sdo, LD, warp * 16, i * 16);
+#pragma unroll
+            for (j = 0; j < BN / 16; ++j) {
+                uint32_t bk[4], bv[4];
+                FA_I_LOAD_B_NK(bk, skt, LD, j * 16, i * 16);
+                FA_I_LOAD_B_NK(bv, svt, LD, j * 16, i * 16);
+                FA_I_MMA(s[2 * j], aq, bk[0], bk[1]);
+                FA_I_MMA(s[2 * j + 1], aq, bk[2], bk[3]);
+                FA_I_MMA(dp[2 * j], ao, bv[0], bv[1]);
+                FA_I_MMA(dp[2 * j + 1], ao, bv[2], bv[3]);
+            }
+        }
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i)
+#pragma unroll
+            for (j = 0; j < 4; ++j) {
+                const int col = c0 + i * 8 + 2 * (lane & 3) + (j & 1), r = j >> 1;
+                const float s2 = fa_i_score(&p, s[i][j]);
+                const float prob = col >= lo[r] && col < hi[r] ? fa_i_dev_exp2(s2 - lse2[r]) : 0.0f;
+                float ds = prob * (dp[i][j] - dsum[r]);
+                if (p.softcap > 0.0f) {
+                    const float th = s2 / (p.softcap * FA_I_LOG2E_F);
+                    ds *= 1.0f - th * th;
+                }
+                s[i][j] = ds;
+            }
+#pragma unroll
+        for (i = 0; i < BN / 16; ++i) { /* dQ += dS K */
+            uint32_t ads[4];
+            FA_I_ACC_AS_A(ads, s, i);
+#pragma unroll
+            for (j = 0; j < D / 16; ++j) {
+                uint32_t bk[4];
+                FA_I_LOAD_B_KN(bk, skt, LD, i * 16, j * 16);
+                FA_I_MMA(dq[2 * j], ads, bk[0], bk[1]);
+                FA_I_MMA(dq[2 * j + 1], ads, bk[2], bk[3]);
+            }
+        }
+        __syncthreads();
+    }
+    fa_i_cp_async_wait_0();
+    {
+        uint16_t *gdq = (uint16_t *)p.dq + fa_i_dev_offset(&p.dq_layout, b, h, 0);
+#pragma unroll
+        for (i = 0; i < D / 8; ++i) {
+            const int col = i * 8 + 2 * (lane & 3);
+            if (row0 < p.seqlen_q)
+                *(uint32_t *)(gdq + row0 * p.dq_layout.seq + col) =
+                    FA_I_PACK(dq[i][0] * p.scale, dq[i][1] * p.scale);
+            if (row1 < p.seqlen_q)
+                *(uint32_t *)(gdq + row1 * p.dq_layout.seq + col) =
+                    FA_I_PACK(dq[i][2] * p.scale, dq[i][3] * p.scale);
+        }
+    }
+}
+
+#undef FA_I_LOAD_A
+#undef FA_I_LOAD_B_NK
+#undef FA_I_LOAD_B_KN
+#undef FA_I_LOAD_A_KM
+#undef FA_I_ACC_AS_A
+#undef FA_I_MMA
+#undef FA_I_PACK
+#endif

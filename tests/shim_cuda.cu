@@ -1,0 +1,193 @@
+/* The GPU library as one shared object for the Python test driver. The
+   fa_test_gpu_* wrappers take fa_params with *host* pointers: they copy every
+   tensor to the device (outputs too, so poison survives unless overwritten),
+   run the library and copy every output back, whatever the status. The
+   library entry points themselves (fa_cuda_*) are exported as well, for the
+   benchmark, which passes device pointers. */
+#define FLASHATTN_IMPLEMENTATION
+#define FLASHATTN_CUDA_IMPLEMENTATION
+#include "../flashattn_cuda.cuh"
+
+#include <string.h>
+
+extern "C" {
+
+typedef struct mirror {
+    void *host;
+    void *dev;
+    size_t bytes;
+} mirror;
+
+/* Elements from a tensor's first to its last element, inclusive. */
+static size_t span(const fa_layout *l, int batch, int seq, int heads, int d)
+{
+    return (size_t)((batch - 1) * l->batch + (heads - 1) * l->head + (seq - 1) * l->seq + d);
+}
+
+static int up(mirror *m, void *host, size_t bytes)
+{
+    m->host = host;
+    m->bytes = bytes;
+    m->dev = NULL;
+    if (!host) return 0;
+    if (cudaMalloc(&m->dev, bytes) != cudaSuccess) return -1;
+    return cudaMemcpy(m->dev, host, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+}
+
+static void down(mirror *m)
+{
+    if (m->dev) {
+        cudaMemcpy(m->host, m->dev, m->bytes, cudaMemcpyDeviceToHost);
+        cudaFree(m->dev);
+    }
+}
+
+enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, TENSORS };
+
+/* Mirrors every tensor of p on the device; d holds the params with device
+   pointers. Returns FA_OK or FA_ERR_CUDA. */
+static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
+{
+    const size_t es = fa_dtype_size(p->dtype);
+    int bad = 0;
+    memset(m, 0, sizeof(mirror) * TENSORS);
+    *d = *p;
+#define FA_TEST_UP(idx, field, seq, heads)                                                   \
+    bad |= up(&m[idx], (void *)p->field,                                                     \
+              es * span(&p->field##_layout, p->batch, p->seq, p->heads, p->head_dim));       \
+    d->field = m[idx].dev;
+    FA_TEST_UP(Q, q, seqlen_q, heads_q)
+    FA_TEST_UP(K, k, seqlen_k, heads_kv)
+    FA_TEST_UP(V, v, seqlen_k, heads_kv)
+    FA_TEST_UP(O, o, seqlen_q, heads_q)
+    FA_TEST_UP(DOUT, dout, seqlen_q, heads_q)
+    FA_TEST_UP(DQ, dq, seqlen_q, heads_q)
+    FA_TEST_UP(DK, dk, seqlen_k, heads_kv)
+    FA_TEST_UP(DV, dv, seqlen_k, heads_kv)
+#undef FA_TEST_UP
+    bad |= up(&m[LSE], p->lse, sizeof(float) * p->batch * p->heads_q * p->seqlen_q);
+    d->lse = (float *)m[LSE].dev;
+    return bad ? FA_ERR_CUDA : FA_OK;
+}
+
+static fa_status finish(fa_status s, mirror m[TENSORS], void *workspace)
+{
+    const cudaError_t e = cudaDeviceSynchronize();
+    int i;
+    for (i = 0; i < TENSORS; ++i) down(&m[i]);
+    cudaFree(workspace);
+    return s == FA_OK && e != cudaSuccess ? FA_ERR_CUDA : s;
+}
+
+fa_status fa_test_gpu_forward(const fa_params *hp)
+{
+    mirror m[TENSORS];
+    fa_params p, d;
+    void *ws = NULL;
+    size_t ws_size;
+    fa_status s = fa_params_resolve(hp, FA_PASS_FORWARD, &p);
+    if (s != FA_OK) return fa_cuda_forward(hp, NULL, 0, 0); /* the library must refuse it */
+    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
+    ws_size = fa_cuda_forward_workspace_size(&d);
+    if (ws_size && cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
+    return finish(fa_cuda_forward(&d, ws, ws_size, 0), m, ws);
+}
+
+fa_status fa_test_gpu_backward(const fa_params *hp, int deterministic)
+{
+    mirror m[TENSORS];
+    fa_params p, d;
+    void *ws = NULL;
+    size_t ws_size;
+    fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
+    if (s != FA_OK) return fa_cuda_backward(hp, deterministic, NULL, 0, 0);
+    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
+    ws_size = fa_cuda_backward_workspace_size(&d, deterministic);
+    if (cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
+    return finish(fa_cuda_backward(&d, deterministic, ws, ws_size, 0), m, ws);
+}
+
+/* Backward with a workspace of the given size (to test the size check). */
+fa_status fa_test_gpu_backward_workspace(const fa_params *hp, size_t ws_size)
+{
+    mirror m[TENSORS];
+    fa_params p, d;
+    void *ws = NULL;
+    fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
+    if (s != FA_OK) return s;
+    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
+    if (ws_size && cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
+    return finish(fa_cuda_backward(&d, 0, ws, ws_size, 0), m, ws);
+}
+
+size_t fa_test_gpu_backward_workspace_size(const fa_params *hp, int deterministic)
+{
+    return fa_cuda_backward_workspace_size(hp, deterministic);
+}
+
+/* 64-bit offsets: hp is a small problem (batch 1, contiguous BSHD) whose keys
+   are placed at the end of `big_nk` keys, so that K, V, dK and dV each span
+   more than 2^31 elements on the device; the other keys are zero and masked
+   by hp's window. Runs forward and backward; copies back o, lse, dq and the
+   last hp->seqlen_k rows of dk and dv. *untouched_zero says whether the
+   first 4096 rows of dK and dV stayed zero. */
+fa_status fa_test_gpu_far_keys(const fa_params *hp, int big_nk, int *untouched_zero)
+{
+    fa_params p, d;
+    mirror m[TENSORS];
+    const size_t row = (size_t)hp->heads_kv * hp->head_dim, es = 2;
+    const size_t big = (size_t)big_nk * row * es, small = (size_t)hp->seqlen_k * row * es;
+    const size_t tail = big - small;
+    void *big_k = NULL, *big_v = NULL, *big_dk = NULL, *big_dv = NULL, *ws = NULL;
+    uint16_t probe[4096];
+    fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
+    size_t i;
+    *untouched_zero = 0;
+    if (s != FA_OK) return s;
+    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
+    if (cudaMalloc(&big_k, big) || cudaMalloc(&big_v, big) || cudaMalloc(&big_dk, big) ||
+        cudaMalloc(&big_dv, big) || cudaMemset(big_k, 0, big) || cudaMemset(big_v, 0, big) ||
+        cudaMemset(big_dk, 0, big) || cudaMemset(big_dv, 0, big) ||
+        cudaMemcpy((char *)big_k + tail, hp->k, small, cudaMemcpyHostToDevice) ||
+        cudaMemcpy((char *)big_v + tail, hp->v, small, cudaMemcpyHostToDevice)) {
+        s = FA_ERR_CUDA;
+        goto done;
+    }
+    d.seqlen_k = big_nk;
+    d.k = big_k, d.v = big_v, d.dk = big_dk, d.dv = big_dv;
+    memset(&d.k_layout, 0, sizeof(fa_layout));
+    memset(&d.v_layout, 0, sizeof(fa_layout));
+    memset(&d.dk_layout, 0, sizeof(fa_layout));
+    memset(&d.dv_layout, 0, sizeof(fa_layout));
+    s = fa_cuda_forward(&d, NULL, 0, 0);
+    if (s == FA_OK) {
+        const size_t n = fa_cuda_backward_workspace_size(&d, 0);
+        if (cudaMalloc(&ws, n) != cudaSuccess) s = FA_ERR_CUDA;
+        else s = fa_cuda_backward(&d, 0, ws, n, 0);
+    }
+    if (s == FA_OK && cudaDeviceSynchronize() != cudaSuccess) s = FA_ERR_CUDA;
+    if (s == FA_OK) {
+        *untouched_zero = 1;
+        for (i = 0; i < 2; ++i) {
+            size_t j;
+            cudaMemcpy(probe, i ? big_dv : big_dk, sizeof probe, cudaMemcpyDeviceToHost);
+            for (j = 0; j < 4096; ++j) *untouched_zero &= probe[j] == 0;
+        }
+        cudaMemcpy(hp->dk, (char *)big_dk + tail, small, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hp->dv, (char *)big_dv + tail, small, cudaMemcpyDeviceToHost);
+    }
+done:
+    cudaFree(big_k), cudaFree(big_v), cudaFree(big_dk), cudaFree(big_dv);
+    { /* the small K, V, dK and dV mirrors stood in for the big buffers: drop them */
+        const int unused[4] = {K, V, DK, DV};
+        for (i = 0; i < 4; ++i) cudaFree(m[unused[i]].dev), m[unused[i]].dev = NULL;
+    }
+    return finish(s, m, ws);
+}
+
+int fa_test_gpu_count(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+}

@@ -29,7 +29,7 @@
      FA_HEAD_DIM     0 (default: 32 64 96 128 160 192 256) or one of them
      FA_CUDA_DTYPE   0 (default: f16 and bf16), 1 f16 only, 2 bf16 only
      FA_BLOCK_M, FA_BLOCK_N, FA_NUM_WARPS   forward tile for every head dim
-                     (default: the table below); FA_BLOCK_M = 16 * FA_NUM_WARPS
+                     (default: the table below); FA_BLOCK_M = 16 or 32 * FA_NUM_WARPS
 
    LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
    strides multiples of 8 elements); heads_q and batch <= 65535.
@@ -100,8 +100,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #if !defined(FA_BLOCK_M) || !defined(FA_BLOCK_N) || !defined(FA_NUM_WARPS)
 #error "flashattn: define FA_BLOCK_M, FA_BLOCK_N and FA_NUM_WARPS together"
 #endif
-#if FA_BLOCK_M != 16 * FA_NUM_WARPS || FA_BLOCK_N % 16 != 0 || FA_BLOCK_N < 16
-#error "flashattn: FA_BLOCK_M must be 16 * FA_NUM_WARPS and FA_BLOCK_N a multiple of 16"
+#if (FA_BLOCK_M != 16 * FA_NUM_WARPS && FA_BLOCK_M != 32 * FA_NUM_WARPS) || FA_BLOCK_N % 16 != 0
+#error "flashattn: FA_BLOCK_M must be 16 or 32 times FA_NUM_WARPS, FA_BLOCK_N a multiple of 16"
 #endif
 #endif
 
@@ -109,16 +109,16 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_CAT2(a, b) a##b
 #define FA_I_CAT(a, b) FA_I_CAT2(a, b)
 
-/* Tile table: forward (query rows per CTA, keys per tile, warps; rows =
-   16 * warps), backward main kernel (keys per CTA, query rows per step,
+/* Tile table: forward (query rows per CTA, keys per tile, warps; each warp
+   owns rows / warps = 16 or 32 rows), backward main kernel (keys per CTA, query rows per step,
    warps splitting the head dim for the dK/dV accumulators), backward dQ
    kernel (query rows, keys per tile, warps). Chosen so that the registers
    hold the accumulators without spills and the shared memory (each row
    padded by 16 bytes: conflict-free ldmatrix) fits in 163 KB (sm_80). */
-#define FA_I_FWD_32 128, 64, 8
-#define FA_I_FWD_64 128, 64, 8
-#define FA_I_FWD_96 128, 32, 8
-#define FA_I_FWD_128 128, 64, 8
+#define FA_I_FWD_32 128, 128, 4
+#define FA_I_FWD_64 128, 64, 4
+#define FA_I_FWD_96 128, 64, 4
+#define FA_I_FWD_128 128, 32, 4
 #define FA_I_FWD_160 64, 64, 4
 #define FA_I_FWD_192 64, 64, 4
 #define FA_I_FWD_256 64, 32, 4
@@ -556,6 +556,7 @@ static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t 
 }
 
 static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
+static size_t fa_i_round4(size_t n) { return (n + 3) / 4 * 4; }
 
 FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
 {
@@ -605,7 +606,7 @@ FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deter
     size_t rows;
     if (fa_params_resolve(params, FA_PASS_BACKWARD, &p) != FA_OK) return 0;
     rows = (size_t)p.batch * p.heads_q * p.seqlen_q;
-    return sizeof(float) * (rows + (deterministic ? 0 : rows * p.head_dim));
+    return sizeof(float) * (fa_i_round4(rows) + (deterministic ? 0 : rows * p.head_dim));
 }
 
 FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, void *workspace,
@@ -621,10 +622,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     need = fa_cuda_backward_workspace_size(&p, deterministic);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
         return fa_i_fail(FA_ERR_WORKSPACE, "backward needs %zu bytes, 16-byte aligned", need);
-    a.dsum = (float *)workspace;
-    a.dq_acc = deterministic ? NULL : a.dsum + ((rows + 3) / 4) * 4;
-    if (!deterministic && need < sizeof(float) * (((rows + 3) / 4) * 4 + rows * p.head_dim))
-        return fa_i_fail(FA_ERR_WORKSPACE, "internal: dQ accumulator alignment");
+    a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
+    a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     s = fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(rows, 8)), 256, 0, stream,
                     &p, &a);
     if (s == FA_OK)
@@ -748,13 +747,16 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
         frag[3] = FA_I_PACK(acc[2 * (kk) + 1][2], acc[2 * (kk) + 1][3]); \
     } while (0)
 
-/* ---- forward (FA2) ---------------------------------------------------------- */
+/* ---- forward (FA2) ----------------------------------------------------------
+   Each warp owns MT m16 row tiles (16 * MT query rows): every K and V
+   fragment read from shared memory feeds MT MMAs, which halves the smem
+   traffic per MMA at MT = 2 (the limit of the first version, at MT = 1). */
 static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD))
     FA_I_NAME(fwd, FA_I_DT)(const fa_params p, void *unused)
 {
     enum {
         D = FA_I_D, BM = FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST), BN = FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND),
-        NT = 32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), LD = D + 8
+        NW = FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), NT = 32 * NW, MT = BM / (16 * NW), LD = D + 8
     };
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + BM * LD, *sv = sk + 2 * BN * LD;
@@ -762,21 +764,27 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (p.heads_q / p.heads_kv);
     const int last = min(m0 + BM, p.seqlen_q) - 1;
-    const int row0 = m0 + warp * 16 + (lane >> 2), row1 = row0 + 8; /* this thread's rows */
+    const int wrow = warp * 16 * MT; /* first row of this warp in the tile */
     const uint16_t *gq = (const uint16_t *)p.q + fa_i_dev_offset(&p.q_layout, b, h, 0);
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
-    float o[D / 8][4], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    int lo0, hi0, lo1, hi1, first_lo, last_hi, unused_bound, n, n_first, n_end, i, j;
+    /* Row r = 2 * mt + half of this thread is m0 + wrow + 16 mt + 8 half + lane / 4. */
+    float o[MT][D / 8][4], m_run[2 * MT], l_run[2 * MT];
+    int first_lo, last_hi, unused_bound, n, n_first, n_end, i, j, t;
     (void)unused;
-    fa_i_key_range(&p, row0, &lo0, &hi0);
-    fa_i_key_range(&p, row1, &lo1, &hi1);
+#pragma unroll
+    for (t = 0; t < 2 * MT; ++t) {
+        m_run[t] = -INFINITY;
+        l_run[t] = 0.0f;
+    }
     fa_i_key_range(&p, m0, &first_lo, &unused_bound);
     fa_i_key_range(&p, last, &unused_bound, &last_hi);
     n_first = first_lo / BN; /* key blocks wholly outside every row's range are skipped */
     n_end = (last_hi + BN - 1) / BN;
 #pragma unroll
-    for (i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (t = 0; t < MT; ++t)
+#pragma unroll
+        for (i = 0; i < D / 8; ++i) o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.0f;
 
     fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
     if (n_first < n_end) {
@@ -787,7 +795,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     for (n = n_first; n < n_end; ++n) {
         const int stage = (n - n_first) & 1, c0 = n * BN;
         const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
-        float s[BN / 8][4], mx0, mx1, ref0, ref1, alpha0, alpha1, sum0 = 0.0f, sum1 = 0.0f;
+        float s[MT][BN / 8][4];
         if (n + 1 < n_end) { /* prefetch the next block into the other stage */
             fa_i_async_tile(sk + (stage ^ 1) * BN * LD, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN,
                             D, LD, tid, NT);
@@ -799,105 +807,107 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         __syncthreads();
 
 #pragma unroll
-        for (i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        for (t = 0; t < MT; ++t)
+#pragma unroll
+            for (i = 0; i < BN / 8; ++i) s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.0f;
 #pragma unroll
         for (i = 0; i < D / 16; ++i) { /* S = Q K^T */
-            uint32_t a[4];
-            FA_I_LOAD_A(a, sq, LD, warp * 16, i * 16);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (t = 0; t < MT; ++t) FA_I_LOAD_A(a[t], sq, LD, wrow + 16 * t, i * 16);
 #pragma unroll
             for (j = 0; j < BN / 16; ++j) {
                 uint32_t bk[4];
                 FA_I_LOAD_B_NK(bk, skt, LD, j * 16, i * 16);
-                FA_I_MMA(s[2 * j], a, bk[0], bk[1]);
-                FA_I_MMA(s[2 * j + 1], a, bk[2], bk[3]);
+#pragma unroll
+                for (t = 0; t < MT; ++t) {
+                    FA_I_MMA(s[t][2 * j], a[t], bk[0], bk[1]);
+                    FA_I_MMA(s[t][2 * j + 1], a[t], bk[2], bk[3]);
+                }
             }
         }
-        {
-            const int masked = fa_i_tile_needs_mask(&p, m0, last + 1, c0, BN);
+#pragma unroll
+        for (t = 0; t < MT; ++t)
 #pragma unroll
             for (i = 0; i < BN / 8; ++i)
 #pragma unroll
-                for (j = 0; j < 4; ++j) {
-                    const int col = c0 + i * 8 + 2 * (lane & 3) + (j & 1);
-                    const int lo = j < 2 ? lo0 : lo1, hi = j < 2 ? hi0 : hi1;
-                    s[i][j] = masked && (col < lo || col >= hi) ? -INFINITY : fa_i_score(&p, s[i][j]);
-                }
-        }
-        mx0 = m_run[0];
-        mx1 = m_run[1];
+                for (j = 0; j < 4; ++j) s[t][i][j] = fa_i_score(&p, s[t][i][j]);
+        if (fa_i_tile_needs_mask(&p, m0, last + 1, c0, BN)) /* diagonal, window or tail tiles */
 #pragma unroll
-        for (i = 0; i < BN / 8; ++i) {
-            mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[i][2], s[i][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        ref0 = mx0 == -INFINITY ? 0.0f : mx0; /* a row with nothing visible yet stays 0 */
-        ref1 = mx1 == -INFINITY ? 0.0f : mx1;
-        alpha0 = fa_i_dev_exp2(m_run[0] - ref0);
-        alpha1 = fa_i_dev_exp2(m_run[1] - ref1);
-        m_run[0] = mx0;
-        m_run[1] = mx1;
+            for (t = 0; t < 2 * MT; ++t) {
+                int lo, hi;
+                fa_i_key_range(&p, m0 + wrow + 8 * t + (lane >> 2), &lo, &hi);
 #pragma unroll
-        for (i = 0; i < BN / 8; ++i) {
-            s[i][0] = fa_i_dev_exp2(s[i][0] - ref0);
-            s[i][1] = fa_i_dev_exp2(s[i][1] - ref0);
-            s[i][2] = fa_i_dev_exp2(s[i][2] - ref1);
-            s[i][3] = fa_i_dev_exp2(s[i][3] - ref1);
-            sum0 += s[i][0] + s[i][1];
-            sum1 += s[i][2] + s[i][3];
-        }
-        l_run[0] = l_run[0] * alpha0 + sum0; /* per-thread partial sums; reduced at the end */
-        l_run[1] = l_run[1] * alpha1 + sum1;
+                for (i = 0; i < BN / 8; ++i)
 #pragma unroll
-        for (i = 0; i < D / 8; ++i) {
-            o[i][0] *= alpha0;
-            o[i][1] *= alpha0;
-            o[i][2] *= alpha1;
-            o[i][3] *= alpha1;
+                    for (j = 0; j < 2; ++j) {
+                        const int col = c0 + i * 8 + 2 * (lane & 3) + j;
+                        if (col < lo || col >= hi) s[t >> 1][i][2 * (t & 1) + j] = -INFINITY;
+                    }
+            }
+#pragma unroll
+        for (t = 0; t < 2 * MT; ++t) { /* online softmax, row by row */
+            float (*row)[4] = s[t >> 1];
+            const int e = 2 * (t & 1);
+            float mx = m_run[t], ref, alpha, sum = 0.0f;
+#pragma unroll
+            for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(row[i][e], row[i][e + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
+            alpha = fa_i_dev_exp2(m_run[t] - ref);
+            m_run[t] = mx;
+#pragma unroll
+            for (i = 0; i < BN / 8; ++i) {
+                row[i][e] = fa_i_dev_exp2(row[i][e] - ref);
+                row[i][e + 1] = fa_i_dev_exp2(row[i][e + 1] - ref);
+                sum += row[i][e] + row[i][e + 1];
+            }
+            l_run[t] = l_run[t] * alpha + sum; /* per-thread partial sums; reduced at the end */
+#pragma unroll
+            for (i = 0; i < D / 8; ++i) {
+                o[t >> 1][i][e] *= alpha;
+                o[t >> 1][i][e + 1] *= alpha;
+            }
         }
 #pragma unroll
         for (i = 0; i < BN / 16; ++i) { /* O += P V, P straight from the S registers */
-            uint32_t a[4];
-            FA_I_ACC_AS_A(a, s, i);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (t = 0; t < MT; ++t) FA_I_ACC_AS_A(a[t], s[t], i);
 #pragma unroll
             for (j = 0; j < D / 16; ++j) {
                 uint32_t bv[4];
                 FA_I_LOAD_B_KN(bv, svt, LD, i * 16, j * 16);
-                FA_I_MMA(o[2 * j], a, bv[0], bv[1]);
-                FA_I_MMA(o[2 * j + 1], a, bv[2], bv[3]);
+#pragma unroll
+                for (t = 0; t < MT; ++t) {
+                    FA_I_MMA(o[t][2 * j], a[t], bv[0], bv[1]);
+                    FA_I_MMA(o[t][2 * j + 1], a[t], bv[2], bv[3]);
+                }
             }
         }
         __syncthreads(); /* every warp is done with this stage before it is refilled */
     }
     fa_i_cp_async_wait_0();
 
-    for (i = 1; i <= 2; i <<= 1) {
-        l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], i);
-        l_run[1] += __shfl_xor_sync(0xffffffffu, l_run[1], i);
-    }
     {
-        const float inv0 = l_run[0] > 0.0f ? 1.0f / l_run[0] : 0.0f;
-        const float inv1 = l_run[1] > 0.0f ? 1.0f / l_run[1] : 0.0f;
         uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, 0);
-        const int col = 2 * (lane & 3);
+        float *lse = p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : NULL;
 #pragma unroll
-        for (i = 0; i < D / 8; ++i) {
-            if (row0 < p.seqlen_q)
-                *(uint32_t *)(go + row0 * p.o_layout.seq + i * 8 + col) =
-                    FA_I_PACK(o[i][0] * inv0, o[i][1] * inv0);
-            if (row1 < p.seqlen_q)
-                *(uint32_t *)(go + row1 * p.o_layout.seq + i * 8 + col) =
-                    FA_I_PACK(o[i][2] * inv1, o[i][3] * inv1);
-        }
-        if ((lane & 3) == 0 && p.lse) {
-            float *lse = p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
-            if (row0 < p.seqlen_q)
-                lse[row0] = l_run[0] > 0.0f ? (m_run[0] + log2f(l_run[0])) * FA_I_LN2_F : -INFINITY;
-            if (row1 < p.seqlen_q)
-                lse[row1] = l_run[1] > 0.0f ? (m_run[1] + log2f(l_run[1])) * FA_I_LN2_F : -INFINITY;
+        for (t = 0; t < 2 * MT; ++t) {
+            const int row = m0 + wrow + 8 * t + (lane >> 2), e = 2 * (t & 1);
+            float l = l_run[t], inv;
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv = l > 0.0f ? 1.0f / l : 0.0f;
+            if (row < p.seqlen_q) {
+#pragma unroll
+                for (i = 0; i < D / 8; ++i)
+                    *(uint32_t *)(go + row * p.o_layout.seq + i * 8 + 2 * (lane & 3)) =
+                        FA_I_PACK(o[t >> 1][i][e] * inv, o[t >> 1][i][e + 1] * inv);
+                if ((lane & 3) == 0 && lse)
+                    lse[row] = l > 0.0f ? (m_run[t] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+            }
         }
     }
 }

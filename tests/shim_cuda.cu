@@ -85,8 +85,11 @@ fa_status fa_test_gpu_forward(const fa_params *hp)
     fa_params p, d;
     void *ws = NULL;
     size_t ws_size;
-    fa_status s = fa_params_resolve(hp, FA_PASS_FORWARD, &p);
-    if (s != FA_OK) return fa_cuda_forward(hp, NULL, 0, 0); /* the library must refuse it */
+    /* Params the GPU path refuses go to the library as they are, host
+       pointers and all: it must refuse them without touching memory. */
+    fa_status s = fa_cuda_supported(hp, FA_PASS_FORWARD);
+    if (s != FA_OK) return fa_cuda_forward(hp, NULL, 0, 0);
+    fa_params_resolve(hp, FA_PASS_FORWARD, &p);
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
     ws_size = fa_cuda_forward_workspace_size(&d);
     if (ws_size && cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
@@ -99,8 +102,9 @@ fa_status fa_test_gpu_backward(const fa_params *hp, int deterministic)
     fa_params p, d;
     void *ws = NULL;
     size_t ws_size;
-    fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
+    fa_status s = fa_cuda_supported(hp, FA_PASS_BACKWARD);
     if (s != FA_OK) return fa_cuda_backward(hp, deterministic, NULL, 0, 0);
+    fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
     ws_size = fa_cuda_backward_workspace_size(&d, deterministic);
     if (cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
@@ -113,8 +117,9 @@ fa_status fa_test_gpu_backward_workspace(const fa_params *hp, size_t ws_size)
     mirror m[TENSORS];
     fa_params p, d;
     void *ws = NULL;
-    fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
+    fa_status s = fa_cuda_supported(hp, FA_PASS_BACKWARD);
     if (s != FA_OK) return s;
+    fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
     if (ws_size && cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
     return finish(fa_cuda_backward(&d, 0, ws, ws_size, 0), m, ws);

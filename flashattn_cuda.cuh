@@ -770,6 +770,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
     /* Row r = 2 * mt + half of this thread is m0 + wrow + 16 mt + 8 half + lane / 4. */
     float o[MT][D / 8][4], m_run[2 * MT], l_run[2 * MT];
+    /* Raw logits times log2_scale are base-2 scores (softcap already gives them). */
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     int first_lo, last_hi, unused_bound, n, n_first, n_end, i, j, t;
     (void)unused;
 #pragma unroll
@@ -796,15 +798,18 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         const int stage = (n - n_first) & 1, c0 = n * BN;
         const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
         float s[MT][BN / 8][4];
-        if (n + 1 < n_end) { /* prefetch the next block into the other stage */
+        /* One barrier per block: after it, block n is in smem for everyone and
+           every warp is done with block n - 1, whose stage the prefetch of
+           block n + 1 then overwrites while block n is computed. */
+        fa_i_cp_async_wait_0();
+        __syncthreads();
+        if (n + 1 < n_end) {
             fa_i_async_tile(sk + (stage ^ 1) * BN * LD, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN,
                             D, LD, tid, NT);
             fa_i_async_tile(sv + (stage ^ 1) * BN * LD, gv, p.v_layout.seq, c0 + BN, p.seqlen_k, BN,
                             D, LD, tid, NT);
         }
         fa_i_cp_async_commit();
-        fa_i_cp_async_wait_1();
-        __syncthreads();
 
 #pragma unroll
         for (t = 0; t < MT; ++t)
@@ -826,12 +831,13 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                 }
             }
         }
+        if (p.softcap > 0.0f) /* a uniform branch around the loop, not one per element */
 #pragma unroll
-        for (t = 0; t < MT; ++t)
+            for (t = 0; t < MT; ++t)
 #pragma unroll
-            for (i = 0; i < BN / 8; ++i)
+                for (i = 0; i < BN / 8; ++i)
 #pragma unroll
-                for (j = 0; j < 4; ++j) s[t][i][j] = fa_i_score(&p, s[t][i][j]);
+                    for (j = 0; j < 4; ++j) s[t][i][j] = fa_i_score(&p, s[t][i][j]);
         if (fa_i_tile_needs_mask(&p, m0, last + 1, c0, BN)) /* diagonal, window or tail tiles */
 #pragma unroll
             for (t = 0; t < 2 * MT; ++t) {
@@ -849,18 +855,19 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         for (t = 0; t < 2 * MT; ++t) { /* online softmax, row by row */
             float (*row)[4] = s[t >> 1];
             const int e = 2 * (t & 1);
-            float mx = m_run[t], ref, alpha, sum = 0.0f;
+            float mx = -INFINITY, ref, alpha, sum = 0.0f;
 #pragma unroll
             for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(row[i][e], row[i][e + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
+            mx = fmaxf(m_run[t], mx * log2_scale); /* running max in base-2 units */
+            ref = mx == -INFINITY ? 0.0f : mx;     /* a row with nothing visible yet stays 0 */
             alpha = fa_i_dev_exp2(m_run[t] - ref);
             m_run[t] = mx;
 #pragma unroll
-            for (i = 0; i < BN / 8; ++i) {
-                row[i][e] = fa_i_dev_exp2(row[i][e] - ref);
-                row[i][e + 1] = fa_i_dev_exp2(row[i][e + 1] - ref);
+            for (i = 0; i < BN / 8; ++i) { /* 2^(s c - max): one FFMA and one MUFU */
+                row[i][e] = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -ref));
+                row[i][e + 1] = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -ref));
                 sum += row[i][e] + row[i][e + 1];
             }
             l_run[t] = l_run[t] * alpha + sum; /* per-thread partial sums; reduced at the end */
@@ -886,7 +893,6 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                 }
             }
         }
-        __syncthreads(); /* every warp is done with this stage before it is refilled */
     }
     fa_i_cp_async_wait_0();
 
@@ -988,6 +994,7 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.heads_q / p.heads_kv;
     const int key0 = c0 + kw * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's keys */
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dk[DS / 8][4], dv[DS / 8][4];
     int first, last, blocks, steps, t, i, j;
 
@@ -1013,6 +1020,11 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
         const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
         const int *lo = slo + stage * BM, *hi = shi + stage * BM;
         float st[BM / 8][4], dpt[BM / 8][4];
+        /* One barrier per step: after it, step t is in smem for everyone and
+           every warp is done with step t - 1 (its stage and dS^T), so the
+           prefetch of step t + 1 may overwrite that stage. */
+        fa_i_cp_async_wait_0();
+        __syncthreads();
         if (t + 1 < steps) {
             const int tn = t + 1;
             FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group + tn / blocks,
@@ -1023,8 +1035,6 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
                                          tid, NT);
         }
         fa_i_cp_async_commit();
-        fa_i_cp_async_wait_1();
-        __syncthreads();
 
 #pragma unroll
         for (i = 0; i < BM / 8; ++i)
@@ -1046,12 +1056,17 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
                 FA_I_MMA(dpt[2 * j + 1], av, bo[2], bo[3]);
             }
         }
+        if (p.softcap > 0.0f) /* a uniform branch around the loop, not one per element */
+#pragma unroll
+            for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) st[i][j] = fa_i_score(&p, st[i][j]);
 #pragma unroll
         for (i = 0; i < BM / 8; ++i) /* P^T and dS^T = P^T (dP^T - D), masked */
 #pragma unroll
             for (j = 0; j < 4; ++j) {
                 const int r = i * 8 + 2 * (lane & 3) + (j & 1), key = j < 2 ? key0 : key1;
-                const float s2 = fa_i_score(&p, st[i][j]);
+                const float s2 = st[i][j] * log2_scale;
                 const float prob = key >= lo[r] && key < hi[r] ? fa_i_dev_exp2(s2 - lse2[r]) : 0.0f;
                 float ds = prob * (dpt[i][j] - dsum[r]);
                 if (p.softcap > 0.0f) { /* d(c tanh(x / c)) = (1 - tanh^2) dx */
@@ -1117,7 +1132,6 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
                 }
             }
         }
-        __syncthreads(); /* stage and dS^T free for the next step */
     }
     fa_i_cp_async_wait_0();
     {
@@ -1159,6 +1173,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
     const int64_t row_base = ((int64_t)b * p.heads_q + h) * p.seqlen_q;
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dq[D / 8][4], lse2[2], dsum[2];
     int lo[2], hi[2], first_lo, last_hi, unused_bound, n, n_first, n_end, i, j;
     for (i = 0; i < 2; ++i) {
@@ -1188,6 +1203,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         const int stage = (n - n_first) & 1, c0 = n * BN;
         const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
         float s[BN / 8][4], dp[BN / 8][4];
+        fa_i_cp_async_wait_0(); /* one barrier per block, as in the forward */
+        __syncthreads();
         if (n + 1 < n_end) {
             fa_i_async_tile(sk + (stage ^ 1) * BN * LD, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN,
                             D, LD, tid, NT);
@@ -1195,8 +1212,6 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
                             D, LD, tid, NT);
         }
         fa_i_cp_async_commit();
-        fa_i_cp_async_wait_1();
-        __syncthreads();
 #pragma unroll
         for (i = 0; i < BN / 8; ++i)
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
@@ -1216,12 +1231,17 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
                 FA_I_MMA(dp[2 * j + 1], ao, bv[2], bv[3]);
             }
         }
+        if (p.softcap > 0.0f)
+#pragma unroll
+            for (i = 0; i < BN / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) s[i][j] = fa_i_score(&p, s[i][j]);
 #pragma unroll
         for (i = 0; i < BN / 8; ++i)
 #pragma unroll
             for (j = 0; j < 4; ++j) {
                 const int col = c0 + i * 8 + 2 * (lane & 3) + (j & 1), r = j >> 1;
-                const float s2 = fa_i_score(&p, s[i][j]);
+                const float s2 = s[i][j] * log2_scale;
                 const float prob = col >= lo[r] && col < hi[r] ? fa_i_dev_exp2(s2 - lse2[r]) : 0.0f;
                 float ds = prob * (dp[i][j] - dsum[r]);
                 if (p.softcap > 0.0f) {
@@ -1242,7 +1262,6 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
                 FA_I_MMA(dq[2 * j + 1], ads, bk[2], bk[3]);
             }
         }
-        __syncthreads();
     }
     fa_i_cp_async_wait_0();
     {

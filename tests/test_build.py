@@ -102,3 +102,19 @@ def check_no_spills(arch_flags, *defines):
 
 case("cuda_sm80_no_spills", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"])
 case("cuda_sm90a_no_spills", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"])
+case("cuda_one_config_custom_tile", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"],
+     "-DFA_HEAD_DIM=64", "-DFA_CUDA_DTYPE=2", "-DFA_BLOCK_M=64", "-DFA_BLOCK_N=64",
+     "-DFA_NUM_WARPS=4")
+case("cuda_fa1_variant", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"],
+     "-DFA_HEAD_DIM=128", "-DFA_VARIANT=1")
+
+
+@test
+def cuda_bad_tile_is_a_compile_error():
+    try:
+        ptxas_report(["-gencode=arch=compute_80,code=sm_80"],
+                     ["-DFA_BLOCK_M=96", "-DFA_BLOCK_N=64", "-DFA_NUM_WARPS=4"])
+    except AssertionError as failure:
+        assert "FA_BLOCK_M must be" in str(failure), str(failure)[-500:]
+        return
+    raise AssertionError("an invalid FA_BLOCK_M compiled")

@@ -58,7 +58,7 @@ class Ours:
             setattr(p, name, t.data_ptr())
         p.lse = lse.data_ptr()
         self.p = p
-        size = fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0)
+        size = fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0)  # the larger one
         self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
 
     def stream(self):
@@ -68,8 +68,8 @@ class Ours:
         status = fa.GPU.fa_cuda_forward(ctypes.byref(self.p), None, ctypes.c_size_t(0), self.stream())
         assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
 
-    def backward(self):
-        status = fa.GPU.fa_cuda_backward(ctypes.byref(self.p), 0,
+    def backward(self, deterministic=0):
+        status = fa.GPU.fa_cuda_backward(ctypes.byref(self.p), deterministic,
                                          ctypes.c_void_p(self.workspace.data_ptr()),
                                          ctypes.c_size_t(self.workspace.numel()), self.stream())
         assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
@@ -128,6 +128,7 @@ def run_config(dtype, d, n, causal, reps):
 
     row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
     row["ours_bwd"] = 2.5 * flops / median_ms(ours.backward, reps) / 1e9
+    row["ours_bwd_det"] = 2.5 * flops / median_ms(lambda: ours.backward(1), reps) / 1e9
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         fns = peer(backend, q, k, v, dout, causal)
@@ -148,15 +149,16 @@ def ratio(row, a, b):
 
 def table(rows):
     head = ("| dtype | d | N | causal | ours fwd | flash fwd | cuDNN fwd | ours/flash | "
-            "ours/cuDNN | ours bwd | flash bwd | cuDNN bwd | ours/flash | ours/cuDNN |")
-    lines = [head, "|" + "---|" * 14]
+            "ours/cuDNN | ours bwd | flash bwd | cuDNN bwd | ours/flash | ours/cuDNN | "
+            "ours bwd deterministic |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | {fmt(r, 'ours_fwd')} | "
             f"{fmt(r, 'flash_fwd')} | {fmt(r, 'cudnn_fwd')} | {ratio(r, 'ours_fwd', 'flash_fwd')} | "
             f"{ratio(r, 'ours_fwd', 'cudnn_fwd')} | {fmt(r, 'ours_bwd')} | {fmt(r, 'flash_bwd')} | "
             f"{fmt(r, 'cudnn_bwd')} | {ratio(r, 'ours_bwd', 'flash_bwd')} | "
-            f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} |")
+            f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} | {fmt(r, 'ours_bwd_det')} |")
     return lines
 
 
@@ -205,8 +207,10 @@ def main():
                     r = run_config(dtype, d, n, causal, reps=10 if n >= 8192 else 20)
                     rows.append(r)
                     print(table([r])[2], flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip() or "unknown"
+    # The device machine gets a copy of the tree without .git: FA_COMMIT names it.
+    commit = os.environ.get("FA_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=ROOT).stdout.strip() or "unknown"
     header = [
         "# GPU benchmark: flashattn vs PyTorch SDPA (flash = FlashAttention-2, cuDNN)",
         "",

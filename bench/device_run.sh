@@ -8,6 +8,8 @@ mkdir -p "$out"
 what=${1:-all}
 shift || true
 export PYTHONUNBUFFERED=1
+# Run `git rev-parse --short HEAD` here and pass it: the copy on the device has no .git.
+export FA_COMMIT=${FA_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,power.draw --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 if ! make -j8 all >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi

@@ -728,14 +728,29 @@ static int fa_i_ceil_div(int a, int b) { return (a + b - 1) / b; }
 #define FA_I_BM FA_CPU_BLOCK_M
 #define FA_I_BN FA_CPU_BLOCK_N
 
+/* The query block a task number names: batch b, query head h (reading
+   key/value head hk), rows [r0, r0 + rows). Tasks run over (b, h, block). */
+typedef struct fa_i_query_block {
+    int b, h, hk, r0, rows;
+} fa_i_query_block;
+
+static fa_i_query_block fa_i_query_task(const fa_params *p, int task)
+{
+    fa_i_query_block x;
+    const int nqb = fa_i_ceil_div(p->seqlen_q, FA_I_BM);
+    x.b = task / (nqb * p->heads_q);
+    x.h = (task / nqb) % p->heads_q;
+    x.hk = x.h / (p->heads_q / p->heads_kv);
+    x.r0 = (task % nqb) * FA_I_BM;
+    x.rows = p->seqlen_q - x.r0 < FA_I_BM ? p->seqlen_q - x.r0 : FA_I_BM;
+    return x;
+}
+
 static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const int d = p->head_dim, nqb = fa_i_ceil_div(p->seqlen_q, FA_I_BM);
-    const int b = task / (nqb * p->heads_q), h = (task / nqb) % p->heads_q;
-    const int hk = h / (p->heads_q / p->heads_kv);
-    const int r0 = (task % nqb) * FA_I_BM;
-    const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
+    const fa_i_query_block blk = fa_i_query_task(p, task);
+    const int d = p->head_dim, b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     float *q = scratch, *kt = q + FA_I_BM * d, *v = kt + (size_t)d * FA_I_BN;
     float *s = v + (size_t)FA_I_BN * d, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * d;
     float *l = m + FA_I_BM, *krow = l + FA_I_BM;
@@ -960,11 +975,8 @@ static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int r
 static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const int d = p->head_dim, nqb = fa_i_ceil_div(p->seqlen_q, FA_I_BM);
-    const int b = task / (nqb * p->heads_q), h = (task / nqb) % p->heads_q;
-    const int hk = h / (p->heads_q / p->heads_kv);
-    const int r0 = (task % nqb) * FA_I_BM;
-    const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
+    const fa_i_query_block blk = fa_i_query_task(p, task);
+    const int d = p->head_dim, b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
     fa_i_bwd_scratch x = fa_i_bwd_carve(scratch, d);
     int lo, hi, hi_last, c0, r, c;

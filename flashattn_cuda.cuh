@@ -122,7 +122,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_FWD_160 64, 64, 4
 #define FA_I_FWD_192 64, 64, 4
 #define FA_I_FWD_256 64, 32, 4
-#define FA_I_BWD_32 64, 64, 1
+#define FA_I_BWD_32 64, 32, 1
 #define FA_I_BWD_64 64, 64, 1
 #define FA_I_BWD_96 64, 32, 1
 #define FA_I_BWD_128 64, 32, 1
@@ -285,6 +285,13 @@ static __device__ __forceinline__ float fa_i_score(const fa_params *p, float x)
 {
     return p->softcap > 0.0f ? p->softcap * FA_I_LOG2E_F * tanhf(x * (p->scale / p->softcap))
                              : x * (p->scale * FA_I_LOG2E_F);
+}
+
+/* tanh(x / c) of a softcapped score, recovered from its probability:
+   P = 2^(s - lse2) with s = c log2(e) tanh(x / c). 0 where P = 0 (masked). */
+static __device__ __forceinline__ float fa_i_capped_tanh(const fa_params *p, float prob, float lse2)
+{
+    return prob > 0.0f ? (__log2f(prob) + lse2) / (p->softcap * FA_I_LOG2E_F) : 0.0f;
 }
 
 /* Whether any key in [c0, c0 + n) may be masked for query rows [r0, r1). */
@@ -1056,26 +1063,38 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
                 FA_I_MMA(dpt[2 * j + 1], av, bo[2], bo[3]);
             }
         }
-        if (p.softcap > 0.0f) /* a uniform branch around the loop, not one per element */
+        /* P^T and dS^T = P^T (dP^T - D). Softcap and mask are uniform branches
+           around their own loops, so the common loop has neither. */
+        if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < BM / 8; ++i)
 #pragma unroll
                 for (j = 0; j < 4; ++j) st[i][j] = fa_i_score(&p, st[i][j]);
+        if (fa_i_tile_needs_mask(&p, r0, min(r0 + BM, p.seqlen_q), c0, BN))
 #pragma unroll
-        for (i = 0; i < BM / 8; ++i) /* P^T and dS^T = P^T (dP^T - D), masked */
+            for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const int r = i * 8 + 2 * (lane & 3) + (j & 1), key = j < 2 ? key0 : key1;
+                    if (key < lo[r] || key >= hi[r]) st[i][j] = -INFINITY;
+                }
+#pragma unroll
+        for (i = 0; i < BM / 8; ++i)
 #pragma unroll
             for (j = 0; j < 4; ++j) {
-                const int r = i * 8 + 2 * (lane & 3) + (j & 1), key = j < 2 ? key0 : key1;
-                const float s2 = st[i][j] * log2_scale;
-                const float prob = key >= lo[r] && key < hi[r] ? fa_i_dev_exp2(s2 - lse2[r]) : 0.0f;
-                float ds = prob * (dpt[i][j] - dsum[r]);
-                if (p.softcap > 0.0f) { /* d(c tanh(x / c)) = (1 - tanh^2) dx */
-                    const float th = s2 / (p.softcap * FA_I_LOG2E_F);
-                    ds *= 1.0f - th * th;
-                }
+                const int r = i * 8 + 2 * (lane & 3) + (j & 1);
+                const float prob = fa_i_dev_exp2(fmaf(st[i][j], log2_scale, -lse2[r]));
+                dpt[i][j] = prob * (dpt[i][j] - dsum[r]);
                 st[i][j] = prob;
-                dpt[i][j] = ds;
             }
+        if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
+#pragma unroll
+            for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const float th = fa_i_capped_tanh(&p, st[i][j], lse2[i * 8 + 2 * (lane & 3) + (j & 1)]);
+                    dpt[i][j] *= 1.0f - th * th;
+                }
 #pragma unroll
         for (i = 0; i < BM / 16; ++i) { /* dV += P^T dO, dK += dS^T Q on this warp's d slice */
             uint32_t ap[4], ads[4];
@@ -1231,29 +1250,39 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
                 FA_I_MMA(dp[2 * j + 1], ao, bv[2], bv[3]);
             }
         }
+        /* dS = P (dP - D), with softcap and mask in their own uniform branches. */
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < BN / 8; ++i)
 #pragma unroll
                 for (j = 0; j < 4; ++j) s[i][j] = fa_i_score(&p, s[i][j]);
+        if (fa_i_tile_needs_mask(&p, m0, last + 1, c0, BN))
+#pragma unroll
+            for (i = 0; i < BN / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const int col = c0 + i * 8 + 2 * (lane & 3) + (j & 1), r = j >> 1;
+                    if (col < lo[r] || col >= hi[r]) s[i][j] = -INFINITY;
+                }
 #pragma unroll
         for (i = 0; i < BN / 8; ++i)
 #pragma unroll
             for (j = 0; j < 4; ++j) {
-                const int col = c0 + i * 8 + 2 * (lane & 3) + (j & 1), r = j >> 1;
-                const float s2 = s[i][j] * log2_scale;
-                const float prob = col >= lo[r] && col < hi[r] ? fa_i_dev_exp2(s2 - lse2[r]) : 0.0f;
-                float ds = prob * (dp[i][j] - dsum[r]);
-                if (p.softcap > 0.0f) {
-                    const float th = s2 / (p.softcap * FA_I_LOG2E_F);
-                    ds *= 1.0f - th * th;
-                }
-                s[i][j] = ds;
+                s[i][j] = fa_i_dev_exp2(fmaf(s[i][j], log2_scale, -lse2[j >> 1]));
+                dp[i][j] = s[i][j] * (dp[i][j] - dsum[j >> 1]);
             }
+        if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
+#pragma unroll
+            for (i = 0; i < BN / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const float th = fa_i_capped_tanh(&p, s[i][j], lse2[j >> 1]);
+                    dp[i][j] *= 1.0f - th * th;
+                }
 #pragma unroll
         for (i = 0; i < BN / 16; ++i) { /* dQ += dS K */
             uint32_t ads[4];
-            FA_I_ACC_AS_A(ads, s, i);
+            FA_I_ACC_AS_A(ads, dp, i);
 #pragma unroll
             for (j = 0; j < D / 16; ++j) {
                 uint32_t bk[4];

@@ -23,13 +23,18 @@ GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
 .PHONY: all numpy test demo bench bench-cpu sanitize clean
 
-all: $(BUILD)/libflashattn_test.so $(BUILD)/cpu_attention $(GPU_LIBS) $(GPU_DEMO)
+CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so
+
+all: $(CPU_LIBS) $(BUILD)/cpu_attention $(GPU_LIBS) $(GPU_DEMO)
 
 $(BUILD):
 	mkdir -p $(BUILD)
 
 $(BUILD)/libflashattn_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -fPIC -shared -o $@ tests/shim.c -lm -pthread
+
+$(BUILD)/libflashattn_nothreads_test.so: tests/shim.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c99 $(CFLAGS) -DFA_NO_THREADS -fPIC -shared -o $@ tests/shim.c -lm
 
 $(BUILD)/libflashattn_cuda_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
 	$(NVCC) $(NVFLAGS) -shared -o $@ tests/shim_cuda.cu
@@ -47,7 +52,7 @@ $(BUILD)/gpu_attention: examples/gpu_attention.cu $(CUDA_HEADERS) | $(BUILD)
 numpy:
 	@$(PYTHON) -c "import numpy" 2>/dev/null || $(PYTHON) -m pip install --quiet numpy
 
-test: numpy $(BUILD)/libflashattn_test.so $(GPU_LIBS)
+test: numpy $(CPU_LIBS) $(GPU_LIBS)
 	$(PYTHON) tests/run_tests.py
 
 demo: $(BUILD)/cpu_attention $(GPU_DEMO)
@@ -60,7 +65,7 @@ bench-cpu: numpy $(BUILD)/libflashattn_test.so
 bench: numpy $(GPU_LIBS)
 	$(PYTHON) bench/bench_gpu.py
 
-sanitize: numpy $(BUILD)/libflashattn_test.so $(GPU_LIBS)
+sanitize: numpy $(CPU_LIBS) $(GPU_LIBS)
 	for tool in memcheck racecheck synccheck; do \
 	  compute-sanitizer --tool $$tool --error-exitcode 1 $(PYTHON) tests/run_tests.py gpu_small || exit 1; \
 	done

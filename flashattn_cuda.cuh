@@ -13,7 +13,7 @@
    KERNELS (template-free: this file includes itself once per head dim and
    dtype, with FA_I_PASS set, to stamp out the kernels)
      forward   FA2: one CTA per (query block, head, batch), warps split the
-               query rows (16 each); K/V tiles double-buffered with cp.async;
+               query rows (16 or 32 each); K/V tiles double-buffered with cp.async,
                QK^T and PV on tensor cores (mma.sync m16n8k16, ldmatrix);
                online softmax in base 2 with deferred normalization.
                FA1 (FA_VARIANT 1): the teaching variant, K/V blocks outer,

@@ -63,6 +63,7 @@ def _load(name):
 CPU = _load("libflashattn_test.so")
 if CPU is None:
     raise SystemExit("build/libflashattn_test.so is missing: run the tests through `make test`")
+CPU_NO_THREADS = _load("libflashattn_nothreads_test.so")  # built with FA_NO_THREADS
 CPU.fa_test_params_size.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.argtypes = [ctypes.c_char_p]

@@ -155,6 +155,27 @@ def fwd_threads_bitwise_equal():
 
 
 @test
+def no_threads_build_gives_the_same_bits():
+    """The FA_NO_THREADS build runs the same tasks in one thread."""
+    if fa.CPU_NO_THREADS is None:
+        raise Skip("build/libflashattn_nothreads_test.so missing: run through `make test`")
+    assert fa.CPU_NO_THREADS._name != fa.CPU._name
+    prob = fa.Problem(rng_for("nothreads"), heads_q=4, heads_kv=2, seqlen_q=150, seqlen_k=130,
+                      head_dim=64, causal=True, dtype="bf16")
+    _, o, lse = prob.forward("fa2", threads=3)
+    grads = prob.backward(o, lse, "fa2", threads=3)
+    saved = fa.CPU
+    try:
+        fa.CPU = fa.CPU_NO_THREADS
+        _, o1, lse1 = prob.forward("fa2", threads=3)
+        grads1 = prob.backward(o, lse, "fa2", threads=3)
+    finally:
+        fa.CPU = saved
+    assert np.array_equal(o, o1) and np.array_equal(lse, lse1)
+    assert all(np.array_equal(a, b) for a, b in zip(grads[1:], grads1[1:]))
+
+
+@test
 def fa1_and_fa2_orders_agree():
     prob = fa.Problem(rng_for("orders"), batch=2, heads_q=4, heads_kv=2, seqlen_q=300,
                       seqlen_k=257, head_dim=64, window=(100, 20))

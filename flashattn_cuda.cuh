@@ -510,6 +510,7 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
 {
     fa_status s = fa_params_resolve(params, pass, p);
     int dev, major, smem_optin;
+    size_t need;
     cudaError_t e;
     if (s != FA_OK) return s;
     if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
@@ -538,9 +539,13 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     if ((e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                     dev)) != cudaSuccess)
         return fa_i_cuda_error(e, "cudaDeviceGetAttribute");
-    if ((size_t)smem_optin < (*kernels)->fwd_smem || (size_t)smem_optin < (*kernels)->bwd_smem)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "the device allows %d bytes of shared memory",
-                         smem_optin);
+    need = pass == FA_PASS_FORWARD ? (*kernels)->fwd_smem
+           : (*kernels)->bwd_smem > (*kernels)->bwd_q_smem ? (*kernels)->bwd_smem
+                                                           : (*kernels)->bwd_q_smem;
+    if ((size_t)smem_optin < need)
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "these kernels need %zu bytes of shared memory, the device allows %d",
+                         need, smem_optin);
     return FA_OK;
 }
 
@@ -568,7 +573,7 @@ static size_t fa_i_round4(size_t n) { return (n + 3) / 4 * 4; }
 FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
 {
     fa_params p;
-    const fa_i_kernels *k;
+    const fa_i_kernels *k = NULL;
     return fa_i_cuda_check(params, pass, &p, &k);
 }
 
@@ -587,7 +592,7 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
                                  cudaStream_t stream)
 {
     fa_params p;
-    const fa_i_kernels *k;
+    const fa_i_kernels *k = NULL;
     fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, &p, &k);
     if (s != FA_OK) return s;
 #if FA_VARIANT == 1
@@ -620,7 +625,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
                                   size_t workspace_size, cudaStream_t stream)
 {
     fa_params p;
-    const fa_i_kernels *k;
+    const fa_i_kernels *k = NULL;
     fa_i_bwd_args a;
     fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &p, &k);
     const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;

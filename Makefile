@@ -23,7 +23,8 @@ GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
 .PHONY: all numpy test demo bench bench-cpu sanitize clean
 
-CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so
+CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
+            $(BUILD)/libflashattn_tiles_test.so
 
 all: $(CPU_LIBS) $(BUILD)/cpu_attention $(GPU_LIBS) $(GPU_DEMO)
 
@@ -35,6 +36,9 @@ $(BUILD)/libflashattn_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 
 $(BUILD)/libflashattn_nothreads_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -DFA_NO_THREADS -fPIC -shared -o $@ tests/shim.c -lm
+
+$(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_BLOCK_M=32 -DFA_CPU_BLOCK_N=16 -fPIC -shared -o $@ tests/shim.c -lm -pthread
 
 $(BUILD)/libflashattn_cuda_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
 	$(NVCC) $(NVFLAGS) -shared -o $@ tests/shim_cuda.cu

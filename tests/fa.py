@@ -64,6 +64,7 @@ CPU = _load("libflashattn_test.so")
 if CPU is None:
     raise SystemExit("build/libflashattn_test.so is missing: run the tests through `make test`")
 CPU_NO_THREADS = _load("libflashattn_nothreads_test.so")  # built with FA_NO_THREADS
+CPU_SMALL_TILES = _load("libflashattn_tiles_test.so")  # FA_CPU_BLOCK_M=32, FA_CPU_BLOCK_N=16
 CPU.fa_test_params_size.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.argtypes = [ctypes.c_char_p]

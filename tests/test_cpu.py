@@ -154,25 +154,45 @@ def fwd_threads_bitwise_equal():
     assert np.array_equal(o1, o3) and np.array_equal(l1, l3)
 
 
+def with_cpu_library(name, fn):
+    """Runs fn() with fa.CPU replaced by another build of the CPU library."""
+    lib = getattr(fa, name)
+    if lib is None:
+        raise Skip(f"fa.{name} is not built: run the tests through `make test`")
+    assert lib._name != fa.CPU._name
+    saved = fa.CPU
+    try:
+        fa.CPU = lib
+        return fn()
+    finally:
+        fa.CPU = saved
+
+
 @test
 def no_threads_build_gives_the_same_bits():
     """The FA_NO_THREADS build runs the same tasks in one thread."""
-    if fa.CPU_NO_THREADS is None:
-        raise Skip("build/libflashattn_nothreads_test.so missing: run through `make test`")
-    assert fa.CPU_NO_THREADS._name != fa.CPU._name
     prob = fa.Problem(rng_for("nothreads"), heads_q=4, heads_kv=2, seqlen_q=150, seqlen_k=130,
                       head_dim=64, causal=True, dtype="bf16")
-    _, o, lse = prob.forward("fa2", threads=3)
-    grads = prob.backward(o, lse, "fa2", threads=3)
-    saved = fa.CPU
-    try:
-        fa.CPU = fa.CPU_NO_THREADS
-        _, o1, lse1 = prob.forward("fa2", threads=3)
-        grads1 = prob.backward(o, lse, "fa2", threads=3)
-    finally:
-        fa.CPU = saved
+
+    def run():
+        _, o, lse = prob.forward("fa2", threads=3)
+        return o, lse, prob.backward(o, lse, "fa2", threads=3)[1:]
+
+    o, lse, grads = run()
+    o1, lse1, grads1 = with_cpu_library("CPU_NO_THREADS", run)
     assert np.array_equal(o, o1) and np.array_equal(lse, lse1)
-    assert all(np.array_equal(a, b) for a, b in zip(grads[1:], grads1[1:]))
+    assert all(np.array_equal(a, b) for a, b in zip(grads, grads1))
+
+
+for nq, nk in ((1, 33), (47, 17), (100, 130)):
+    case(f"small_tiles_fwd_{nq}x{nk}", with_cpu_library, "CPU_SMALL_TILES",
+         lambda nq=nq, nk=nk: forward_case(backends=("fa2", "fa1"), heads_q=4, heads_kv=2,
+                                           seqlen_q=nq, seqlen_k=nk, head_dim=96, causal=True,
+                                           window=(40, -1)))
+    case(f"small_tiles_bwd_{nq}x{nk}", with_cpu_library, "CPU_SMALL_TILES",
+         lambda nq=nq, nk=nk: backward_case(backends=("fa2",), heads_q=4, heads_kv=2,
+                                            seqlen_q=nq, seqlen_k=nk, head_dim=96, causal=True,
+                                            window=(40, -1)))
 
 
 @test

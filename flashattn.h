@@ -510,50 +510,56 @@ static float fa_i_exp2(float x)
     return keep ? poly * fa_i_bits_to_f32((uint32_t)((int32_t)xi + 127) << 23) : 0.0f;
 }
 
-/* C[M x N] += A[M x K] * B[K x N], row-major with leading dimensions. The
-   main loop holds a 4 x FA_I_NR block of C in registers (fixed trip counts
-   let the compiler keep acc in vector registers) while K streams past. */
+/* fa_i_matmul_<R>: C[R x N] += A[R x K] * B[K x N], row-major with leading
+   dimensions. An R x FA_I_NR block of C stays in vector registers (every
+   trip count is a constant) while K streams past. One macro stamps out the
+   row counts fa_i_matmul uses. */
 #define FA_I_NR 32
+#define FA_I_DEFINE_MATMUL_ROWS(R)                                                            \
+    static void fa_i_matmul_##R(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a,     \
+                                int lda, const float *FA_RESTRICT b, int ldb, int N, int K)   \
+    {                                                                                         \
+        int k, n, j, r;                                                                       \
+        for (n = 0; n + FA_I_NR <= N; n += FA_I_NR) {                                         \
+            float acc[R][FA_I_NR];                                                            \
+            for (r = 0; r < R; ++r)                                                           \
+                for (j = 0; j < FA_I_NR; ++j) acc[r][j] = c[(size_t)r * ldc + n + j];         \
+            for (k = 0; k < K; ++k) {                                                         \
+                const float *FA_RESTRICT bk = b + (size_t)k * ldb + n;                        \
+                for (r = 0; r < R; ++r) {                                                     \
+                    const float x = a[(size_t)r * lda + k];                                   \
+                    for (j = 0; j < FA_I_NR; ++j) acc[r][j] += x * bk[j];                     \
+                }                                                                             \
+            }                                                                                 \
+            for (r = 0; r < R; ++r)                                                           \
+                for (j = 0; j < FA_I_NR; ++j) c[(size_t)r * ldc + n + j] = acc[r][j];         \
+        }                                                                                     \
+        for (; n < N; ++n) /* column tail */                                                  \
+            for (r = 0; r < R; ++r) {                                                         \
+                float sum = c[(size_t)r * ldc + n];                                           \
+                for (k = 0; k < K; ++k) sum += a[(size_t)r * lda + k] * b[(size_t)k * ldb + n]; \
+                c[(size_t)r * ldc + n] = sum;                                                 \
+            }                                                                                 \
+    }
+FA_I_DEFINE_MATMUL_ROWS(8)
+FA_I_DEFINE_MATMUL_ROWS(4)
+FA_I_DEFINE_MATMUL_ROWS(1)
+#undef FA_I_DEFINE_MATMUL_ROWS
+#undef FA_I_NR
+
+/* C[M x N] += A[M x K] * B[K x N]: blocks of 8 rows (16 of AVX-512's 32
+   vector registers hold C), then 4, then single rows. */
 static void fa_i_matmul(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a, int lda,
                         const float *FA_RESTRICT b, int ldb, int M, int N, int K)
 {
-    int i = 0, k, n, j, r;
-    for (; i + 4 <= M; i += 4) {
-        const float *a0 = a + (size_t)i * lda;
-        for (n = 0; n + FA_I_NR <= N; n += FA_I_NR) {
-            float acc[4][FA_I_NR];
-            for (r = 0; r < 4; ++r)
-                for (j = 0; j < FA_I_NR; ++j) acc[r][j] = c[(size_t)(i + r) * ldc + n + j];
-            for (k = 0; k < K; ++k) {
-                const float *FA_RESTRICT bk = b + (size_t)k * ldb + n;
-                const float x0 = a0[k], x1 = a0[lda + k], x2 = a0[2 * lda + k], x3 = a0[3 * lda + k];
-                for (j = 0; j < FA_I_NR; ++j) {
-                    acc[0][j] += x0 * bk[j];
-                    acc[1][j] += x1 * bk[j];
-                    acc[2][j] += x2 * bk[j];
-                    acc[3][j] += x3 * bk[j];
-                }
-            }
-            for (r = 0; r < 4; ++r)
-                for (j = 0; j < FA_I_NR; ++j) c[(size_t)(i + r) * ldc + n + j] = acc[r][j];
-        }
-        for (; n < N; ++n) /* column tail */
-            for (r = 0; r < 4; ++r) {
-                float sum = c[(size_t)(i + r) * ldc + n];
-                for (k = 0; k < K; ++k) sum += a0[(size_t)r * lda + k] * b[(size_t)k * ldb + n];
-                c[(size_t)(i + r) * ldc + n] = sum;
-            }
-    }
-    for (; i < M; ++i) { /* row tail */
-        float *FA_RESTRICT ci = c + (size_t)i * ldc;
-        for (k = 0; k < K; ++k) {
-            const float *FA_RESTRICT bk = b + (size_t)k * ldb;
-            const float x = a[(size_t)i * lda + k];
-            for (n = 0; n < N; ++n) ci[n] += x * bk[n];
-        }
-    }
+    int i = 0;
+    for (; i + 8 <= M; i += 8)
+        fa_i_matmul_8(c + (size_t)i * ldc, ldc, a + (size_t)i * lda, lda, b, ldb, N, K);
+    for (; i + 4 <= M; i += 4)
+        fa_i_matmul_4(c + (size_t)i * ldc, ldc, a + (size_t)i * lda, lda, b, ldb, N, K);
+    for (; i < M; ++i)
+        fa_i_matmul_1(c + (size_t)i * ldc, ldc, a + (size_t)i * lda, lda, b, ldb, N, K);
 }
-#undef FA_I_NR
 
 /* dst[c][r] = src[r][c] for an R x C tile. */
 static void fa_i_transpose(float *FA_RESTRICT dst, int ldd, const float *FA_RESTRICT src, int lds,

@@ -167,6 +167,28 @@ static inline FA_HOST_DEVICE void fa_i_key_range(const fa_params *p, int r, int 
     *hi = (int)b;
 }
 
+/* Every key that query rows [r0, r1) may see lies in [*lo, *hi): key ranges
+   grow with the row, so these are the first row's start and the last's end. */
+static inline FA_HOST_DEVICE void fa_i_rows_key_span(const fa_params *p, int r0, int r1, int *lo,
+                                                     int *hi)
+{
+    int unused;
+    fa_i_key_range(p, r0, lo, &unused);
+    fa_i_key_range(p, r1 - 1, &unused, hi);
+}
+
+/* How much of the tile rows [r0, r1) x keys [c0, c1) is visible:
+   0 none, 1 some (needs masking), 2 all. */
+static inline FA_HOST_DEVICE int fa_i_tile_visibility(const fa_params *p, int r0, int r1, int c0,
+                                                      int c1)
+{
+    int lo_first, hi_first, lo_last, hi_last;
+    fa_i_key_range(p, r0, &lo_first, &hi_first);
+    fa_i_key_range(p, r1 - 1, &lo_last, &hi_last);
+    if (hi_last <= c0 || lo_first >= c1) return 0;
+    return lo_last <= c0 && hi_first >= c1 ? 2 : 1;
+}
+
 typedef enum fa_cpu_order {
     FA_CPU_ORDER_FA2 = 0, /* query blocks outer, deferred normalization (default) */
     FA_CPU_ORDER_FA1 = 1  /* key/value blocks outer, O/m/l state carried (FlashAttention 1) */
@@ -477,18 +499,6 @@ FA_API void fa_key_range(const fa_params *p, int r, int *lo, int *hi)
     fa_i_key_range(p, r, lo, hi);
 }
 
-/* How much of the tile rows [r0, r1) x keys [c0, c1) is visible:
-   0 none, 1 some (needs masking), 2 all. Key ranges grow with r. */
-static int fa_i_tile_visibility(const fa_params *p, int r0, int r1, int c0, int c1)
-{
-    int lo_first, hi_first, lo_last, hi_last;
-    fa_key_range(p, r0, &lo_first, &hi_first);
-    fa_key_range(p, r1 - 1, &lo_last, &hi_last);
-    if (hi_last <= c0 || lo_first >= c1) return 0;
-    if (lo_last <= c0 && hi_first >= c1 && lo_first < hi_first) return 2;
-    return 1;
-}
-
 /* ---- CPU math kernels ---------------------------------------------------- */
 
 /* 2^x for x <= 0 (exact 0 below -126, including -inf); vectorizes. Cephes
@@ -760,14 +770,13 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     float *q = scratch, *kt = q + FA_I_BM * d, *v = kt + (size_t)d * FA_I_BN;
     float *s = v + (size_t)FA_I_BN * d, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * d;
     float *l = m + FA_I_BM, *krow = l + FA_I_BM;
-    int lo, hi, hi_last, c0, r, c;
+    int lo, hi, c0, r, c;
 
     fa_i_load_tile(q, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p));
     memset(o, 0, sizeof(float) * rows * d);
     for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
-    fa_key_range(p, r0, &lo, &hi);
-    fa_key_range(p, r0 + rows - 1, &c, &hi_last);
-    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi_last; c0 += FA_I_BN) {
+    fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
+    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;
@@ -985,7 +994,7 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
     const int d = p->head_dim, b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
     fa_i_bwd_scratch x = fa_i_bwd_carve(scratch, d);
-    int lo, hi, hi_last, c0, r, c;
+    int lo, hi, c0, r, c;
 
     for (r = 0; r < rows; ++r) { /* D = rowsum(dO * O), kept for the dK/dV pass */
         float sum = 0.0f;
@@ -997,9 +1006,8 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
     }
     fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
     memset(x.acc, 0, sizeof(float) * FA_I_BM * d);
-    fa_key_range(p, r0, &lo, &hi);
-    fa_key_range(p, r0 + rows - 1, &c, &hi_last);
-    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi_last; c0 += FA_I_BN) {
+    fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
+    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;

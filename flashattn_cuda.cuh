@@ -294,16 +294,6 @@ static __device__ __forceinline__ float fa_i_capped_tanh(const fa_params *p, flo
     return prob > 0.0f ? (__log2f(prob) + lse2) / (p->softcap * FA_I_LOG2E_F) : 0.0f;
 }
 
-/* Whether any key in [c0, c0 + n) may be masked for query rows [r0, r1). */
-static __device__ __forceinline__ int fa_i_tile_needs_mask(const fa_params *p, int r0, int r1,
-                                                           int c0, int n)
-{
-    int lo_first, hi_first, lo_last, hi_last;
-    fa_i_key_range(p, r0, &lo_first, &hi_first);
-    fa_i_key_range(p, r1 - 1, &lo_last, &hi_last);
-    return !(lo_last <= c0 && hi_first >= c0 + n);
-}
-
 /* ---- kernels independent of head dim ---------------------------------------- */
 
 /* D = rowsum(dO * O) per query row; zeroes the fp32 dQ accumulator rows. One
@@ -784,15 +774,14 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     float o[MT][D / 8][4], m_run[2 * MT], l_run[2 * MT];
     /* Raw logits times log2_scale are base-2 scores (softcap already gives them). */
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-    int first_lo, last_hi, unused_bound, n, n_first, n_end, i, j, t;
+    int first_lo, last_hi, n, n_first, n_end, i, j, t;
     (void)unused;
 #pragma unroll
     for (t = 0; t < 2 * MT; ++t) {
         m_run[t] = -INFINITY;
         l_run[t] = 0.0f;
     }
-    fa_i_key_range(&p, m0, &first_lo, &unused_bound);
-    fa_i_key_range(&p, last, &unused_bound, &last_hi);
+    fa_i_rows_key_span(&p, m0, last + 1, &first_lo, &last_hi);
     n_first = first_lo / BN; /* key blocks wholly outside every row's range are skipped */
     n_end = (last_hi + BN - 1) / BN;
 #pragma unroll
@@ -850,7 +839,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                 for (i = 0; i < BN / 8; ++i)
 #pragma unroll
                     for (j = 0; j < 4; ++j) s[t][i][j] = fa_i_score(&p, s[t][i][j]);
-        if (fa_i_tile_needs_mask(&p, m0, last + 1, c0, BN)) /* diagonal, window or tail tiles */
+        /* diagonal, window and tail tiles */
+        if (fa_i_tile_visibility(&p, m0, last + 1, c0, c0 + BN) != 2)
 #pragma unroll
             for (t = 0; t < 2 * MT; ++t) {
                 int lo, hi;
@@ -1075,7 +1065,7 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
             for (i = 0; i < BM / 8; ++i)
 #pragma unroll
                 for (j = 0; j < 4; ++j) st[i][j] = fa_i_score(&p, st[i][j]);
-        if (fa_i_tile_needs_mask(&p, r0, min(r0 + BM, p.seqlen_q), c0, BN))
+        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
 #pragma unroll
             for (i = 0; i < BM / 8; ++i)
 #pragma unroll
@@ -1199,7 +1189,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dq[D / 8][4], lse2[2], dsum[2];
-    int lo[2], hi[2], first_lo, last_hi, unused_bound, n, n_first, n_end, i, j;
+    int lo[2], hi[2], first_lo, last_hi, n, n_first, n_end, i, j;
     for (i = 0; i < 2; ++i) {
         const int r = i ? row1 : row0;
         const float lse = r < p.seqlen_q ? p.lse[row_base + r] : -INFINITY;
@@ -1207,8 +1197,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         dsum[i] = r < p.seqlen_q ? a.dsum[row_base + r] : 0.0f;
         fa_i_key_range(&p, r, &lo[i], &hi[i]);
     }
-    fa_i_key_range(&p, m0, &first_lo, &unused_bound);
-    fa_i_key_range(&p, last, &unused_bound, &last_hi);
+    fa_i_rows_key_span(&p, m0, last + 1, &first_lo, &last_hi);
     n_first = first_lo / BN;
     n_end = (last_hi + BN - 1) / BN;
 #pragma unroll
@@ -1261,7 +1250,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
             for (i = 0; i < BN / 8; ++i)
 #pragma unroll
                 for (j = 0; j < 4; ++j) s[i][j] = fa_i_score(&p, s[i][j]);
-        if (fa_i_tile_needs_mask(&p, m0, last + 1, c0, BN))
+        if (fa_i_tile_visibility(&p, m0, last + 1, c0, c0 + BN) != 2)
 #pragma unroll
             for (i = 0; i < BN / 8; ++i)
 #pragma unroll

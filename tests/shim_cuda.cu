@@ -96,33 +96,31 @@ fa_status fa_test_gpu_forward(const fa_params *hp)
     return finish(fa_cuda_forward(&d, ws, ws_size, 0), m, ws);
 }
 
-fa_status fa_test_gpu_backward(const fa_params *hp, int deterministic)
+/* Backward with a workspace of ws_size bytes, or of the size the library
+   asks for when ws_size is (size_t)-1. */
+static fa_status run_backward(const fa_params *hp, int deterministic, size_t ws_size)
 {
     mirror m[TENSORS];
     fa_params p, d;
     void *ws = NULL;
-    size_t ws_size;
     fa_status s = fa_cuda_supported(hp, FA_PASS_BACKWARD);
     if (s != FA_OK) return fa_cuda_backward(hp, deterministic, NULL, 0, 0);
     fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
-    ws_size = fa_cuda_backward_workspace_size(&d, deterministic);
-    if (cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
+    if (ws_size == (size_t)-1) ws_size = fa_cuda_backward_workspace_size(&d, deterministic);
+    if (ws_size && cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
     return finish(fa_cuda_backward(&d, deterministic, ws, ws_size, 0), m, ws);
+}
+
+fa_status fa_test_gpu_backward(const fa_params *hp, int deterministic)
+{
+    return run_backward(hp, deterministic, (size_t)-1);
 }
 
 /* Backward with a workspace of the given size (to test the size check). */
 fa_status fa_test_gpu_backward_workspace(const fa_params *hp, size_t ws_size)
 {
-    mirror m[TENSORS];
-    fa_params p, d;
-    void *ws = NULL;
-    fa_status s = fa_cuda_supported(hp, FA_PASS_BACKWARD);
-    if (s != FA_OK) return s;
-    fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
-    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
-    if (ws_size && cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
-    return finish(fa_cuda_backward(&d, 0, ws, ws_size, 0), m, ws);
+    return run_backward(hp, 0, ws_size);
 }
 
 size_t fa_test_gpu_backward_workspace_size(const fa_params *hp, int deterministic)

@@ -18,15 +18,20 @@ else ifneq ($(GPU_CC),)
 GPU_ARCH ?= -gencode=arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
 endif
 NVFLAGS := -O3 -Xcompiler -fPIC $(GPU_ARCH)
-GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflashattn_cuda_fa1_test.so)
+GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflashattn_cuda_fa2_test.so \
+              $(BUILD)/libflashattn_cuda_fa1_test.so)
+# FA3 ablations for the benchmark: no intra-warpgroup overlap, no ping-pong.
+BENCH_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_nooverlap.so $(BUILD)/libflashattn_cuda_nopingpong.so)
 GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
-.PHONY: all numpy test demo bench bench-cpu sanitize clean
+.PHONY: all bench-libs numpy test demo bench bench-cpu sanitize clean
 
 CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
             $(BUILD)/libflashattn_tiles_test.so
 
 all: $(CPU_LIBS) $(BUILD)/cpu_attention $(GPU_LIBS) $(GPU_DEMO)
+
+bench-libs: $(BENCH_LIBS)
 
 $(BUILD):
 	mkdir -p $(BUILD)
@@ -43,8 +48,17 @@ $(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 $(BUILD)/libflashattn_cuda_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
 	$(NVCC) $(NVFLAGS) -shared -o $@ tests/shim_cuda.cu
 
+$(BUILD)/libflashattn_cuda_fa2_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
+	$(NVCC) $(NVFLAGS) -DFA_SM90=0 -shared -o $@ tests/shim_cuda.cu
+
 $(BUILD)/libflashattn_cuda_fa1_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
 	$(NVCC) $(NVFLAGS) -DFA_VARIANT=1 -shared -o $@ tests/shim_cuda.cu
+
+$(BUILD)/libflashattn_cuda_nooverlap.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
+	$(NVCC) $(NVFLAGS) -DFA_SM90_OVERLAP=0 -shared -o $@ tests/shim_cuda.cu
+
+$(BUILD)/libflashattn_cuda_nopingpong.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
+	$(NVCC) $(NVFLAGS) -DFA_SM90_PINGPONG=0 -shared -o $@ tests/shim_cuda.cu
 
 $(BUILD)/cpu_attention: examples/cpu_attention.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -o $@ examples/cpu_attention.c -lm -pthread
@@ -66,7 +80,7 @@ demo: $(BUILD)/cpu_attention $(GPU_DEMO)
 bench-cpu: numpy $(BUILD)/libflashattn_test.so
 	$(PYTHON) bench/bench_cpu.py
 
-bench: numpy $(GPU_LIBS)
+bench: numpy $(GPU_LIBS) $(BENCH_LIBS)
 	$(PYTHON) bench/bench_gpu.py
 
 sanitize: numpy $(CPU_LIBS) $(GPU_LIBS)

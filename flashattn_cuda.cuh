@@ -23,6 +23,15 @@
                fp32 workspace with atomics; postprocess converts dQ.
                Deterministic mode: the same kernel without dQ, plus a dQ
                kernel parallel over query blocks (no atomics).
+     forward   FA3 (Hopper, built for sm_90a, head dims 64 128 256; runtime
+               dispatch picks it on compute capability 9.0): a producer
+               warpgroup loads Q once and K/V tiles by TMA into a ring of
+               shared-memory stages (full/empty mbarriers); two consumer
+               warpgroups of 64 query rows each run S = QK^T (SS wgmma) and
+               O += PV (RS wgmma, P from registers), the QK^T of the next
+               tile overlapping the softmax of this one, and take turns on
+               the tensor cores (ping-pong on named barriers). O leaves
+               through shared memory by TMA store.
 
    COMPILE-TIME OPTIONS
      FA_VARIANT      2 (default) or 1: forward algorithm
@@ -30,9 +39,16 @@
      FA_CUDA_DTYPE   0 (default: f16 and bf16), 1 f16 only, 2 bf16 only
      FA_BLOCK_M, FA_BLOCK_N, FA_NUM_WARPS   forward tile for every head dim
                      (default: the table below); FA_BLOCK_M = 16 or 32 * FA_NUM_WARPS
+     FA_SM90         1 (default) builds the Hopper forward (needs CUDA >= 12.5
+                     and -gencode=arch=compute_90a,code=sm_90a to run), 0 not
+     FA_SM90_OVERLAP  1 (default): QK^T of tile j+1 overlaps the softmax of j
+     FA_SM90_PINGPONG 1 (default): consumer warpgroups alternate their GEMMs
+                     (the last two are ablation switches, as in the FA3 paper)
 
    LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
-   strides multiples of 8 elements); heads_q and batch <= 65535.
+   strides multiples of 8 elements); heads_q and batch <= 65535. The Hopper
+   path also needs tensor maps for every tensor (cuTensorMapEncodeTiled);
+   where one can't be made the call runs the FA2 kernel instead.
 */
 #if !defined(FA_I_PASS)
 #ifndef FLASHATTN_CUDA_H
@@ -49,6 +65,10 @@ extern "C" {
 /* FA_OK when this build and the current device run p; otherwise the status
    the call would return, with fa_last_error_detail() saying why. */
 FA_API fa_status fa_cuda_supported(const fa_params *p, fa_pass pass);
+
+/* The forward algorithm fa_cuda_forward runs for p on the current device:
+   1 FA1, 2 FA2 (mma.sync), 3 FA3 (Hopper sm_90a); 0 when p is unsupported. */
+FA_API int fa_cuda_forward_algorithm(const fa_params *p);
 
 /* Bytes of workspace the forward needs (0 for FA2; O, m, l for FA1). */
 FA_API size_t fa_cuda_forward_workspace_size(const fa_params *p);
@@ -105,6 +125,25 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #endif
 #endif
 
+#ifndef FA_SM90
+#define FA_SM90 1
+#endif
+#ifndef FA_SM90_OVERLAP
+#define FA_SM90_OVERLAP 1
+#endif
+#ifndef FA_SM90_PINGPONG
+#define FA_SM90_PINGPONG 1
+#endif
+/* The Hopper path finds cuTensorMapEncodeTiled through the runtime's
+   cudaGetDriverEntryPointByVersion (CUDA 12.5), so no -lcuda is needed. */
+#if FA_SM90 && FA_VARIANT == 2 && CUDART_VERSION >= 12050
+#define FA_I_SM90 1
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#else
+#define FA_I_SM90 0
+#endif
+
 #define FA_I_BUILD_D(d) (FA_HEAD_DIM == 0 || FA_HEAD_DIM == (d))
 #define FA_I_CAT2(a, b) a##b
 #define FA_I_CAT(a, b) FA_I_CAT2(a, b)
@@ -136,6 +175,15 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWDQ_160 64, 32, 4
 #define FA_I_BWDQ_192 64, 32, 4
 #define FA_I_BWDQ_256 64, 32, 4
+/* Hopper forward (FA3): query rows per CTA (64 per consumer warpgroup), keys
+   per tile, K/V pipeline stages. Shared memory Q + 2 * stages * K/V tile
+   (+1 KB to align the 128-byte swizzle atoms) must fit 227 KB: d = 256 takes
+   80 keys, 224 KB. Registers per consumer thread: O d/2 + S keys/2 + P keys/4
+   floats, under the 240 that setmaxnreg gives. */
+#define FA_I_SM90_64 128, 128, 2
+#define FA_I_SM90_128 128, 128, 2
+#define FA_I_SM90_256 128, 80, 2
+#define FA_I_SM90_SMEM_MAX (227 * 1024)
 #define FA_I_FIRST(a, b, c) a
 #define FA_I_SECOND(a, b, c) b
 #define FA_I_THIRD(a, b, c) c
@@ -157,7 +205,18 @@ typedef struct fa_i_kernels {
     const void *bwd_q;
     int bwd_q_rows, bwd_q_threads;
     size_t bwd_q_smem;
+    const void *fwd_sm90; /* Hopper forward, NULL where this head dim has none */
+    int sm90_rows, sm90_keys;
+    size_t sm90_smem;
 } fa_i_kernels;
+
+#if FA_I_SM90
+/* The Hopper forward's tensor maps; each box is 64 elements (128 bytes, one
+   swizzle row) of the head dim by a tile's rows. */
+typedef struct fa_i_tma_maps {
+    CUtensorMap q, k, v, o;
+} fa_i_tma_maps;
+#endif
 
 /* Arguments every backward kernel shares, beside the params. */
 typedef struct fa_i_bwd_args {
@@ -405,6 +464,189 @@ static __global__ void __launch_bounds__(FA_I_FA1_THREADS)
 }
 #endif
 
+#if FA_I_SM90 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* ---- Hopper (sm_90a) helpers: mbarriers, TMA, wgmma ----------------------------
+   Addresses are shared-memory (32-bit) addresses unless named otherwise. */
+
+static __device__ __forceinline__ void fa_i_mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+/* Arrives once and tells the barrier to expect `bytes` from the copy engine. */
+static __device__ __forceinline__ void fa_i_mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void fa_i_mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Waits until the barrier's phase of the given parity has completed. */
+static __device__ __forceinline__ void fa_i_mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* One box of a 4-D tensor map {d, seq, head, batch} into shared memory,
+   completing on the mbarrier. Out-of-range rows arrive as zeros. */
+static __device__ __forceinline__ void fa_i_tma_load(uint32_t dst, const CUtensorMap *map, int c0,
+                                                     int c1, int c2, int c3, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+/* One box from shared memory to global; rows past the tensor are dropped. */
+static __device__ __forceinline__ void fa_i_tma_store(const CUtensorMap *map, uint32_t src, int c0,
+                                                      int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+                 " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"((uint64_t)(uintptr_t)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+                 : "memory");
+}
+static __device__ __forceinline__ void fa_i_tma_store_wait(void)
+{
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+/* Orders this thread's ordinary shared-memory stores before later reads by
+   the async proxy (TMA, wgmma). */
+static __device__ __forceinline__ void fa_i_fence_proxy_async(void)
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fa_i_named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+static __device__ __forceinline__ void fa_i_named_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+static __device__ __forceinline__ void fa_i_wgmma_fence(void)
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void fa_i_wgmma_commit(void)
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+#define FA_I_WGMMA_WAIT(n) asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(n) : "memory")
+/* After a wgmma wait: tells the compiler the registers changed here, so that
+   no read of them moves above the wait and none of them is reused while a
+   wgmma still reads or writes it. */
+static __device__ __forceinline__ void fa_i_fence_f32(float *r, int n)
+{
+    int i;
+#pragma unroll
+    for (i = 0; i < n; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+static __device__ __forceinline__ void fa_i_fence_u32(uint32_t *r, int n)
+{
+    int i;
+#pragma unroll
+    for (i = 0; i < n; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+/* Ping-pong: consumer warpgroup cw (0 or 1) owns named barrier 1 + cw; it
+   waits there before issuing its GEMMs and then lets the other one go. */
+static __device__ __forceinline__ void fa_i_sm90_turn_begin(int cw)
+{
+#if FA_SM90_PINGPONG
+    fa_i_named_sync(1 + cw, 256);
+#else
+    (void)cw;
+#endif
+}
+static __device__ __forceinline__ void fa_i_sm90_turn_end(int cw, int last)
+{
+#if FA_SM90_PINGPONG
+    if (!(cw == 1 && last)) fa_i_named_arrive(2 - cw, 256); /* no waiter after the last turn */
+#else
+    (void)cw;
+    (void)last;
+#endif
+}
+/* Shared-memory matrix descriptor with the 128-byte swizzle: start, leading
+   and stride byte offsets (see the PTX ISA's wgmma section). */
+static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32_t lead,
+                                                           uint32_t stride)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lead & 0x3FFFF) >> 4) << 16 |
+           (uint64_t)((stride & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+/* wgmma wrappers. The accumulator of m64nNk16 is N/2 floats per thread, each
+   an asm operand: FA_I_REGS<n> spells "%0,...,%<n-1>", FA_I_ACC<n> binds
+   d[0..n-1]. SS: A and B from shared memory (B K-major: K rows for QK^T).
+   RS: A from 4 registers per thread, B transposed (V is [keys][d]). */
+#define FA_I_R0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9"
+#define FA_I_R10(t) ",%" #t "0,%" #t "1,%" #t "2,%" #t "3,%" #t "4,%" #t "5,%" #t "6,%" #t "7,%" #t \
+                    "8,%" #t "9"
+#define FA_I_REGS32 FA_I_R0 FA_I_R10(1) FA_I_R10(2) ",%30,%31"
+#define FA_I_REGS40 FA_I_R0 FA_I_R10(1) FA_I_R10(2) FA_I_R10(3)
+#define FA_I_REGS64 FA_I_R0 FA_I_R10(1) FA_I_R10(2) FA_I_R10(3) FA_I_R10(4) FA_I_R10(5) \
+    ",%60,%61,%62,%63"
+#define FA_I_REGS128                                                                           \
+    FA_I_R0 FA_I_R10(1) FA_I_R10(2) FA_I_R10(3) FA_I_R10(4) FA_I_R10(5) FA_I_R10(6) FA_I_R10(7) \
+        FA_I_R10(8) FA_I_R10(9) FA_I_R10(10) FA_I_R10(11) ",%120,%121,%122,%123,%124,%125,%126,%127"
+#define FA_I_F8(d, i)                                                                         \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FA_I_F32(d, i) FA_I_F8(d, i), FA_I_F8(d, i + 8), FA_I_F8(d, i + 16), FA_I_F8(d, i + 24)
+#define FA_I_ACC32(d) FA_I_F32(d, 0)
+#define FA_I_ACC40(d) FA_I_F32(d, 0), FA_I_F8(d, 32)
+#define FA_I_ACC64(d) FA_I_F32(d, 0), FA_I_F32(d, 32)
+#define FA_I_ACC128(d) FA_I_F32(d, 0), FA_I_F32(d, 32), FA_I_F32(d, 64), FA_I_F32(d, 96)
+
+/* d (+)= A B for one k16 step; `accumulate` 0 overwrites d. IA, IB, IS: the
+   operand numbers of the A descriptor, B descriptor and accumulate flag. */
+#define FA_I_DEFINE_WGMMA_SS(N, NACC, DT, IA, IB, IS)                                         \
+    static __device__ __forceinline__ void fa_i_wgmma_ss_##DT##_n##N(float *d, uint64_t a,     \
+                                                                     uint64_t b, int accumulate) \
+    {                                                                                         \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IS ", 0;\n"                           \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #DT "." #DT " {"         \
+                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1, 0, 0;\n}\n"                   \
+                     : FA_I_ACC##NACC(d)                                                      \
+                     : "l"(a), "l"(b), "r"(accumulate));                                      \
+    }
+#define FA_I_DEFINE_WGMMA_RS(N, NACC, DT, IA, IB, IS)                                         \
+    static __device__ __forceinline__ void fa_i_wgmma_rs_##DT##_n##N(float *d, const uint32_t *a, \
+                                                                     uint64_t b)              \
+    {                                                                                         \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IS ", 0;\n"                           \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #DT "." #DT " {"         \
+                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1, 1;\n}\n"                      \
+                     : FA_I_ACC##NACC(d)                                                      \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));           \
+    }
+/* The shapes the tile table uses: S tiles of 128 and 80 keys, O of d. */
+#define FA_I_DEFINE_WGMMA_SET(DT)                                                             \
+    FA_I_DEFINE_WGMMA_SS(128, 64, DT, "%64", "%65", "%66")                                    \
+    FA_I_DEFINE_WGMMA_SS(80, 40, DT, "%40", "%41", "%42")                                     \
+    FA_I_DEFINE_WGMMA_RS(64, 32, DT, "{%32,%33,%34,%35}", "%36", "%37")                       \
+    FA_I_DEFINE_WGMMA_RS(128, 64, DT, "{%64,%65,%66,%67}", "%68", "%69")                      \
+    FA_I_DEFINE_WGMMA_RS(256, 128, DT, "{%128,%129,%130,%131}", "%132", "%133")
+FA_I_DEFINE_WGMMA_SET(f16)
+FA_I_DEFINE_WGMMA_SET(bf16)
+#undef FA_I_DEFINE_WGMMA_SET
+#undef FA_I_DEFINE_WGMMA_SS
+#undef FA_I_DEFINE_WGMMA_RS
+#endif /* FA_I_SM90 && __CUDA_ARCH_FEAT_SM90_ALL */
+
 /* ---- kernels per (head dim, dtype): this file, included again ------------------ */
 
 #define FA_I_PASS 1
@@ -557,6 +799,58 @@ static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t 
     return FA_OK;
 }
 
+#if FA_I_SM90
+/* A 4-D tensor map {d, seq, head, batch} of a 16-bit tensor with boxes of 64
+   x box_rows elements and the 128-byte swizzle; 0 if the driver refuses it. */
+static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, const fa_params *p,
+                        int seqlen, int heads, int box_rows)
+{
+    void *encode = NULL;
+    cudaDriverEntryPointQueryResult found;
+    const cuuint64_t dims[4] = {(cuuint64_t)p->head_dim, (cuuint64_t)seqlen, (cuuint64_t)heads,
+                                (cuuint64_t)p->batch};
+    const cuuint64_t strides[3] = {(cuuint64_t)l->seq * 2, (cuuint64_t)l->head * 2,
+                                   (cuuint64_t)l->batch * 2}; /* bytes, dims 1..3 */
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, unit[4] = {1, 1, 1, 1};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || !encode)
+        return 0;
+    return ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
+               map, p->dtype == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+               4, (void *)ptr, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Whether the Hopper forward runs p: this build has it for p's head dim and
+   dtype, compiled for sm_90a (only that body has static shared memory), the
+   device is compute capability 9.0 with room for its tiles, and every tensor
+   gets a tensor map. Otherwise the FA2 kernel runs. */
+static int fa_i_sm90_ready(const fa_params *p, const fa_i_kernels *k, fa_i_tma_maps *maps)
+{
+    struct cudaFuncAttributes attr;
+    int dev, major, minor, smem_optin;
+    if (!k->fwd_sm90) return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess ||
+        cudaFuncGetAttributes(&attr, k->fwd_sm90) != cudaSuccess) {
+        cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
+        return 0;
+    }
+    return major == 9 && minor == 0 && (size_t)smem_optin >= k->sm90_smem &&
+           attr.sharedSizeBytes > 0 &&
+           fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->sm90_rows) &&
+           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->sm90_keys) &&
+           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->sm90_keys) &&
+           fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->seqlen_q, p->heads_q, 64);
+}
+#endif
+
 static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
 static size_t fa_i_round4(size_t n) { return (n + 3) / 4 * 4; }
 
@@ -597,8 +891,34 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
 #else
     (void)workspace;
     (void)workspace_size;
-    return fa_i_launch(k->fwd, dim3(fa_i_blocks(p.seqlen_q, k->fwd_rows), p.heads_q, p.batch),
-                       k->fwd_threads, k->fwd_smem, stream, &p, &workspace);
+    {
+#if FA_I_SM90
+        fa_i_tma_maps maps;
+        if (fa_i_sm90_ready(&p, k, &maps))
+            return fa_i_launch(k->fwd_sm90,
+                               dim3(fa_i_blocks(p.seqlen_q, k->sm90_rows), p.heads_q, p.batch), 384,
+                               k->sm90_smem, stream, &p, &maps);
+#endif
+        return fa_i_launch(k->fwd, dim3(fa_i_blocks(p.seqlen_q, k->fwd_rows), p.heads_q, p.batch),
+                           k->fwd_threads, k->fwd_smem, stream, &p, &workspace);
+    }
+#endif
+}
+
+FA_API int fa_cuda_forward_algorithm(const fa_params *params)
+{
+    fa_params p;
+    const fa_i_kernels *k = NULL;
+    if (fa_i_cuda_check(params, FA_PASS_FORWARD, &p, &k) != FA_OK) return 0;
+#if FA_VARIANT == 1
+    return 1;
+#elif FA_I_SM90
+    {
+        fa_i_tma_maps maps;
+        return fa_i_sm90_ready(&p, k, &maps) ? 3 : 2;
+    }
+#else
+    return 2;
 #endif
 }
 
@@ -669,6 +989,23 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
      4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
+#if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
+#define FA_I_HAS_SM90 1
+#define FA_I_SM90_CFG (FA_I_CAT(FA_I_SM90_, FA_I_D))
+#define FA_I_SM90_SMEM                                                                         \
+    (2 * FA_I_D * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) +                                       \
+                   2 * FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) * FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD)) + \
+     1024)
+static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 128, "flashattn: FA3 CTAs have 2 x 64 rows");
+static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) % 16 == 0 && FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) <= 256,
+              "flashattn: FA3 key tile must be a multiple of 16, at most 256");
+static_assert(FA_I_SM90_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 tiles exceed shared memory");
+#define FA_I_SM90_ENTRY(dt) (const void *)FA_I_NAME(fwd_sm90, dt), FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST), \
+    FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND), FA_I_SM90_SMEM
+#else
+#define FA_I_HAS_SM90 0
+#define FA_I_SM90_ENTRY(dt) NULL, 0, 0, 0
+#endif
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
 static_assert(FA_I_BWD_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
 static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
@@ -694,20 +1031,26 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
      (const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST),                 \
      2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) * FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD),             \
      FA_I_BWD_SMEM, (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),   \
-     32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM}
+     32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRY(dt)}
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #if FA_CUDA_DTYPE != 2
     FA_I_ENTRY(f16),
 #else
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 #endif
 #if FA_CUDA_DTYPE != 1
     FA_I_ENTRY(bf16),
 #else
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 #endif
 };
 #undef FA_I_ENTRY
+#undef FA_I_SM90_ENTRY
+#undef FA_I_HAS_SM90
+#ifdef FA_I_SM90_CFG
+#undef FA_I_SM90_CFG
+#undef FA_I_SM90_SMEM
+#endif
 #undef FA_I_FWD_SMEM
 #undef FA_I_BWD_SMEM
 #undef FA_I_BWDQ_SMEM
@@ -919,6 +1262,304 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         }
     }
 }
+
+#if FA_I_HAS_SM90
+/* ---- forward (FA3, Hopper) ---------------------------------------------------
+   Warpgroup 0 produces: it loads Q once and K/V tiles into a ring of STAGES
+   shared-memory stages by TMA (k_full/v_full say a stage arrived; each
+   consumer warp arrives on k_empty/v_empty when its wgmma no longer reads
+   it). Warpgroups 1 and 2 consume, 64 query rows each. A thread holds rows
+   r and r + 8 (r = 16 * warp + lane / 4) of the S and O accumulators, at
+   columns 8 c + 2 (lane % 4) + {0, 1}: element i of a row-pair array is
+   column 8 (i / 4) + 2 (lane % 4) + i % 2 of row r + 8 ((i / 2) % 2).
+   Shared tiles are [d / 64][rows][64] with the 128-byte swizzle. */
+enum {
+    FA_I_NAME(sm90_bm, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST),
+    FA_I_NAME(sm90_bn, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND),
+    FA_I_NAME(sm90_stages, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD)
+};
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_I_SM90_BN FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND)
+#define FA_I_WGMMA_QK FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), FA_I_CAT(_n, FA_I_SM90_BN))
+#define FA_I_WGMMA_PV FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D))
+
+/* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). */
+static __device__ __forceinline__ void FA_I_NAME(sm90_qk, FA_I_DT)(float *s, uint32_t sq,
+                                                                   uint32_t sk)
+{
+    enum { BM = FA_I_NAME(sm90_bm, FA_I_DT), BN = FA_I_SM90_BN };
+    int k;
+    fa_i_wgmma_fence();
+#pragma unroll
+    for (k = 0; k < FA_I_D / 16; ++k) /* 64-column chunk k / 4, 32 bytes per k16 step */
+        FA_I_WGMMA_QK(s, fa_i_wgmma_desc(sq + (k >> 2) * BM * 128 + (k & 3) * 32, 16, 1024),
+                      fa_i_wgmma_desc(sk + (k >> 2) * BN * 128 + (k & 3) * 32, 16, 1024), k > 0);
+    fa_i_wgmma_commit();
+}
+
+/* Issues O += P V with P (16-bit pairs) in registers (one commit group). */
+static __device__ __forceinline__ void FA_I_NAME(sm90_pv, FA_I_DT)(float *o, const uint32_t *pr,
+                                                                   uint32_t sv)
+{
+    enum { BN = FA_I_SM90_BN };
+    int k;
+    fa_i_wgmma_fence();
+#pragma unroll
+    for (k = 0; k < BN / 16; ++k) /* 16 keys = 16 rows of 128 bytes per step */
+        FA_I_WGMMA_PV(o, pr + 4 * k, fa_i_wgmma_desc(sv + k * 2048, BN * 128, 1024));
+    fa_i_wgmma_commit();
+}
+
+/* Online softmax of one S tile (keys c0...): softcap, mask, running max and
+   sum; S becomes P = 2^(score - max) in place; alpha gets each row's
+   rescale factor for O. */
+static __device__ __forceinline__ void FA_I_NAME(sm90_softmax, FA_I_DT)(
+    const fa_params *p, float *s, int c0, int masked, const int *lo, const int *hi,
+    float log2_scale, float *m_run, float *l_run, float *alpha)
+{
+    enum { BN = FA_I_SM90_BN };
+    const int lane = threadIdx.x & 31;
+    int i, half;
+    if (p->softcap > 0.0f)
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) s[i] = fa_i_score(p, s[i]);
+    if (masked)
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) {
+            const int col = c0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
+            if (col < lo[r] || col >= hi[r]) s[i] = -INFINITY;
+        }
+#pragma unroll
+    for (half = 0; half < 2; ++half) {
+        float mx = -INFINITY, ref, sum = 0.0f;
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(m_run[half], mx * log2_scale);
+        ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
+        alpha[half] = fa_i_dev_exp2(m_run[half] - ref);
+        m_run[half] = mx;
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) {
+            float *e = s + 4 * i + 2 * half;
+            e[0] = fa_i_dev_exp2(fmaf(e[0], log2_scale, -ref));
+            e[1] = fa_i_dev_exp2(fmaf(e[1], log2_scale, -ref));
+            sum += e[0] + e[1];
+        }
+        l_run[half] = l_run[half] * alpha[half] + sum;
+    }
+}
+
+/* O *= alpha per row; P to 16-bit pairs in the A-fragment order of the RS
+   wgmma, which is the accumulator order: k16 slice k takes S[8k .. 8k + 7]. */
+static __device__ __forceinline__ void FA_I_NAME(sm90_rescale_pack, FA_I_DT)(float *o, const float *s,
+                                                                             uint32_t *pr,
+                                                                             const float *alpha)
+{
+    enum { BN = FA_I_SM90_BN };
+    int i;
+#pragma unroll
+    for (i = 0; i < FA_I_D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (i = 0; i < BN / 4; ++i) pr[i] = FA_I_PACK(s[2 * i], s[2 * i + 1]);
+}
+
+#undef FA_I_WGMMA_QK
+#undef FA_I_WGMMA_PV
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+static __global__ void __launch_bounds__(384, 1)
+    FA_I_NAME(fwd_sm90, FA_I_DT)(const fa_params p, const __grid_constant__ fa_i_tma_maps maps)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    enum {
+        D = FA_I_D, BM = FA_I_NAME(sm90_bm, FA_I_DT), BN = FA_I_SM90_BN,
+        STAGES = FA_I_NAME(sm90_stages, FA_I_DT), CHUNKS = D / 64, TILE = BN * D * 2
+    };
+    /* Barriers: q_full, then k_full, v_full, k_empty, v_empty per stage. Only
+       this sm_90a body has static shared memory: the host reads that to
+       tell it from the stub other targets compile. */
+    __shared__ __align__(8) uint64_t bars[1 + 4 * STAGES];
+    extern __shared__ uint4 fa_i_smem[];
+    const uint32_t sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */
+    const uint32_t sk = sq + BM * D * 2, sv = sk + STAGES * TILE;
+    const uint32_t q_full = fa_i_smem_addr(bars), k_full = q_full + 8, v_full = k_full + 8 * STAGES;
+    const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
+    const int tid = threadIdx.x, m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+    const int hk = h / (p.heads_q / p.heads_kv);
+    int first_lo, last_hi, n_first, n_end, i;
+    fa_i_rows_key_span(&p, m0, min(m0 + BM, p.seqlen_q), &first_lo, &last_hi);
+    n_first = first_lo / BN; /* key tiles no row of this CTA sees are never loaded */
+    n_end = (last_hi + BN - 1) / BN;
+    if (tid == 0) {
+        fa_i_mbar_init(q_full, 1);
+        for (i = 0; i < STAGES; ++i) {
+            fa_i_mbar_init(k_full + 8 * i, 1);
+            fa_i_mbar_init(v_full + 8 * i, 1);
+            fa_i_mbar_init(k_empty + 8 * i, 8); /* every consumer warp */
+            fa_i_mbar_init(v_empty + 8 * i, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 128) { /* producer warpgroup: one thread issues every copy */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (tid == 0) {
+            int n, c;
+            fa_i_mbar_expect_tx(q_full, BM * D * 2);
+            for (c = 0; c < CHUNKS; ++c)
+                fa_i_tma_load(sq + c * BM * 128, &maps.q, 64 * c, m0, h, b, q_full);
+            for (n = n_first; n < n_end; ++n) {
+                const int it = n - n_first, st = it % STAGES;
+                const uint32_t free_parity = ((it / STAGES) & 1) ^ 1; /* fresh: passes */
+                fa_i_mbar_wait(k_empty + 8 * st, free_parity);
+                fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
+                for (c = 0; c < CHUNKS; ++c)
+                    fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c, n * BN, hk, b,
+                                  k_full + 8 * st);
+                fa_i_mbar_wait(v_empty + 8 * st, free_parity);
+                fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
+                for (c = 0; c < CHUNKS; ++c)
+                    fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk, b,
+                                  v_full + 8 * st);
+            }
+        }
+    } else { /* consumer warpgroups */
+        const int cw = tid / 128 - 1, t = tid % 128, lane = t & 31, warp = t >> 5;
+        const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
+        const uint32_t sq_wg = sq + cw * 64 * 128;
+        const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
+        float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
+        uint32_t pr[BN / 4];
+        int lo[2], hi[2], n;
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+#pragma unroll
+        for (i = 0; i < 2; ++i) {
+            m_run[i] = -INFINITY;
+            l_run[i] = 0.0f;
+            fa_i_key_range(&p, row + 8 * i, &lo[i], &hi[i]);
+        }
+#pragma unroll
+        for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+        fa_i_mbar_wait(q_full, 0);
+#if FA_SM90_PINGPONG
+        if (cw == 1 && n_first < n_end) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
+#endif
+#define FA_I_STAGE(n) (((n) - n_first) % STAGES)
+#define FA_I_PARITY(n) ((((n) - n_first) / STAGES) & 1)
+#define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, min(m0 + BM, p.seqlen_q), (n) * BN, (n) * BN + BN) != 2)
+#if FA_SM90_OVERLAP
+        /* Tile n's S is issued together with tile n-1's PV: the softmax of n
+           runs while PV(n-1) is on the tensor cores. */
+        if (n_first < n_end) {
+            fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n_first), FA_I_PARITY(n_first));
+            fa_i_sm90_turn_begin(cw);
+            FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n_first) * TILE);
+            fa_i_sm90_turn_end(cw, 0);
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(s, BN / 2);
+            if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n_first));
+            FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n_first * BN, FA_I_MASKED(n_first), lo, hi,
+                                             log2_scale, m_run, l_run, alpha);
+            FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
+            for (n = n_first + 1; n < n_end; ++n) {
+                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n - 1), FA_I_PARITY(n - 1));
+                fa_i_sm90_turn_begin(cw);
+                FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
+                FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
+                fa_i_sm90_turn_end(cw, 0);
+                FA_I_WGMMA_WAIT(1);
+                fa_i_fence_f32(s, BN / 2);
+                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
+                FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi, log2_scale,
+                                                 m_run, l_run, alpha);
+                FA_I_WGMMA_WAIT(0);
+                fa_i_fence_f32(o, D / 2);
+                fa_i_fence_u32(pr, BN / 4);
+                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
+                FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
+            }
+            fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
+            fa_i_sm90_turn_begin(cw);
+            FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
+            fa_i_sm90_turn_end(cw, 1);
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(o, D / 2);
+            if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
+        }
+#else
+        /* No overlap: S, softmax, then PV, one tile after another. */
+        for (n = n_first; n < n_end; ++n) {
+            fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+            fa_i_sm90_turn_begin(cw);
+            FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
+            fa_i_sm90_turn_end(cw, n == n_end - 1);
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(s, BN / 2);
+            if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
+            FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi, log2_scale,
+                                             m_run, l_run, alpha);
+            FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
+            fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+            FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n) * TILE);
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(o, D / 2);
+            fa_i_fence_u32(pr, BN / 4);
+            if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
+        }
+#endif
+#undef FA_I_STAGE
+#undef FA_I_PARITY
+#undef FA_I_MASKED
+
+        /* Epilogue: O / l in 16 bits over this warpgroup's own Q rows (their
+           last reader, its QK^T, is done), then one TMA store per chunk. */
+        {
+            float inv[2];
+#pragma unroll
+            for (i = 0; i < 2; ++i) {
+                float l = l_run[i];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+                if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
+                    p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row + 8 * i] =
+                        l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+            }
+#pragma unroll
+            for (i = 0; i < D / 2; i += 2) {
+                const int r = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), col = 8 * (i >> 2);
+                const uint32_t addr = sq_wg + (col >> 6) * BM * 128 + r * 128 +
+                                      ((((col & 63) >> 3) ^ (r & 7)) << 4) + 4 * (lane & 3);
+                const float f = inv[(i >> 1) & 1];
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
+                             "r"(FA_I_PACK(o[i] * f, o[i + 1] * f))
+                             : "memory");
+            }
+            fa_i_fence_proxy_async();
+            fa_i_named_sync(3 + cw, 128);
+            if (t == 0) {
+                int c;
+                for (c = 0; c < CHUNKS; ++c)
+                    fa_i_tma_store(&maps.o, sq_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h, b);
+                fa_i_tma_store_wait();
+            }
+        }
+    }
+#else
+    (void)p;
+    (void)maps;
+#endif
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#undef FA_I_SM90_BN
+#endif
+#endif /* FA_I_HAS_SM90 */
 
 /* ---- backward: dK, dV (and dQ by atomics) per key block ------------------------ */
 

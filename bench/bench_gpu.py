@@ -3,6 +3,11 @@
 inputs. The sweep is the FlashAttention papers' (targets.md): hidden 2048,
 H = 2048 / d, B = 16384 / N. Every configuration is validated against
 PyTorch's output before it is timed. Times are CUDA-event medians.
+
+Our forward runs in four builds: the default one ("ours": FA3 on Hopper for
+d 64/128/256), FA_SM90=0 ("fa2": the portable mma.sync kernel) and the FA3
+ablations FA_SM90_OVERLAP=0 and FA_SM90_PINGPONG=0. The backward is the same
+code in every build and is timed once.
 Writes bench/results_gpu.md, bench/results_gpu.json and (with matplotlib)
 bench/results_gpu.png.
 
@@ -44,10 +49,20 @@ def median_ms(fn, reps):
     return times[len(times) // 2]
 
 
-class Ours:
-    """flashattn on torch tensors [B, N, H, d] (BSHD), through the CUDA shim."""
+# Forward builds timed side by side: name -> shared object (None if not built).
+FORWARD_BUILDS = {
+    "ours": fa.GPU,
+    "fa2": fa.GPU_FA2,
+    "nooverlap": fa._load("libflashattn_cuda_nooverlap.so"),
+    "nopingpong": fa._load("libflashattn_cuda_nopingpong.so"),
+}
 
-    def __init__(self, q, k, v, o, lse, dout, dq, dk, dv, causal):
+
+class Ours:
+    """flashattn on torch tensors [B, N, H, d] (BSHD), through a CUDA shim."""
+
+    def __init__(self, q, k, v, o, lse, dout, dq, dk, dv, causal, lib=None):
+        self.lib = lib or fa.GPU
         dtype = {torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype]
         p = fa.Params()
         p.dtype = fa.DTYPES[dtype]
@@ -58,21 +73,26 @@ class Ours:
             setattr(p, name, t.data_ptr())
         p.lse = lse.data_ptr()
         self.p = p
-        size = fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0)  # the larger one
+        self.lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t
+        size = self.lib.fa_cuda_backward_workspace_size(ctypes.byref(p), 0)  # the larger one
         self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
 
     def stream(self):
         return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def forward(self):
-        status = fa.GPU.fa_cuda_forward(ctypes.byref(self.p), None, ctypes.c_size_t(0), self.stream())
-        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+        status = self.lib.fa_cuda_forward(ctypes.byref(self.p), None, ctypes.c_size_t(0),
+                                          self.stream())
+        assert status == fa.FA_OK, self.lib.fa_last_error_detail().decode()
+
+    def algorithm(self):
+        return self.lib.fa_cuda_forward_algorithm(ctypes.byref(self.p))
 
     def backward(self, deterministic=0):
-        status = fa.GPU.fa_cuda_backward(ctypes.byref(self.p), deterministic,
-                                         ctypes.c_void_p(self.workspace.data_ptr()),
-                                         ctypes.c_size_t(self.workspace.numel()), self.stream())
-        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+        status = self.lib.fa_cuda_backward(ctypes.byref(self.p), deterministic,
+                                           ctypes.c_void_p(self.workspace.data_ptr()),
+                                           ctypes.c_size_t(self.workspace.numel()), self.stream())
+        assert status == fa.FA_OK, self.lib.fa_last_error_detail().decode()
 
 
 def peer(backend, q, k, v, dout, causal):
@@ -105,7 +125,8 @@ def run_config(dtype, d, n, causal, reps):
     lse = torch.empty(b, h, n, device="cuda", dtype=torch.float32)
     ours = Ours(q, k, v, o, lse, dout, dq, dk, dv, causal)
     flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
-    row = dict(dtype=dtype, d=d, n=n, causal=causal, batch=b, heads=h)
+    row = dict(dtype=dtype, d=d, n=n, causal=causal, batch=b, heads=h,
+               algorithm=ours.algorithm())
 
     ours.forward()
     ours.backward()
@@ -118,15 +139,30 @@ def run_config(dtype, d, n, causal, reps):
     with sdpa_kernel(SDPBackend.MATH if small else SDPBackend.FLASH_ATTENTION):
         ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
     grads = torch.autograd.grad(ref, (qt, kt, vt), dout.transpose(1, 2).to(ref.dtype))
-    for name, got, want in (("o", o, ref), ("dq", dq, grads[0]), ("dk", dk, grads[1]),
-                            ("dv", dv, grads[2])):
+
+    def check(name, got, want):
         got, want = got.transpose(1, 2).float(), want.float()
         err = ((got - want).norm() / want.norm()).item()
         row[f"err_{name}"] = err
         assert err < 2e-2, f"{dtype} d={d} N={n} causal={causal}: {name} error {err:.3g}"
+
+    for name, got, want in (("o", o, ref), ("dq", dq, grads[0]), ("dk", dk, grads[1]),
+                            ("dv", dv, grads[2])):
+        check(name, got, want)
+    builds = {}
+    for build, lib in FORWARD_BUILDS.items():
+        if lib is None or build == "ours":
+            continue
+        o.fill_(float("nan"))
+        builds[build] = Ours(q, k, v, o, lse, dout, dq, dk, dv, causal, lib)
+        builds[build].forward()
+        torch.cuda.synchronize()
+        check(f"o_{build}", o, ref)
     del qt, kt, vt, ref, grads
 
     row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
+    for build, impl in builds.items():
+        row[f"{build}_fwd"] = flops / median_ms(impl.forward, reps) / 1e9
     row["ours_bwd"] = 2.5 * flops / median_ms(ours.backward, reps) / 1e9
     row["ours_bwd_det"] = 2.5 * flops / median_ms(lambda: ours.backward(1), reps) / 1e9
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
@@ -147,17 +183,32 @@ def ratio(row, a, b):
     return f"{row[a] / row[b]:.2f}" if a in row and b in row else "-"
 
 
-def table(rows):
-    head = ("| dtype | d | N | causal | ours fwd | flash fwd | cuDNN fwd | ours/flash | "
-            "ours/cuDNN | ours bwd | flash bwd | cuDNN bwd | ours/flash | ours/cuDNN | "
-            "ours bwd deterministic |")
-    lines = [head, "|" + "---|" * 15]
+ALGORITHMS = {1: "FA1", 2: "FA2", 3: "FA3"}
+
+
+def forward_table(rows):
+    head = ("| dtype | d | N | causal | ours | ours fwd | flash fwd | cuDNN fwd | ours/flash | "
+            "ours/cuDNN | ours FA2 fwd | FA2/flash | no overlap | no ping-pong |")
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         lines.append(
-            f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | {fmt(r, 'ours_fwd')} | "
+            f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | "
+            f"{ALGORITHMS.get(r.get('algorithm'), '-')} | {fmt(r, 'ours_fwd')} | "
             f"{fmt(r, 'flash_fwd')} | {fmt(r, 'cudnn_fwd')} | {ratio(r, 'ours_fwd', 'flash_fwd')} | "
-            f"{ratio(r, 'ours_fwd', 'cudnn_fwd')} | {fmt(r, 'ours_bwd')} | {fmt(r, 'flash_bwd')} | "
-            f"{fmt(r, 'cudnn_bwd')} | {ratio(r, 'ours_bwd', 'flash_bwd')} | "
+            f"{ratio(r, 'ours_fwd', 'cudnn_fwd')} | {fmt(r, 'fa2_fwd')} | "
+            f"{ratio(r, 'fa2_fwd', 'flash_fwd')} | {fmt(r, 'nooverlap_fwd')} | "
+            f"{fmt(r, 'nopingpong_fwd')} |")
+    return lines
+
+
+def backward_table(rows):
+    head = ("| dtype | d | N | causal | ours bwd | flash bwd | cuDNN bwd | ours/flash | "
+            "ours/cuDNN | ours bwd deterministic |")
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        lines.append(
+            f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | {fmt(r, 'ours_bwd')} | "
+            f"{fmt(r, 'flash_bwd')} | {fmt(r, 'cudnn_bwd')} | {ratio(r, 'ours_bwd', 'flash_bwd')} | "
             f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} | {fmt(r, 'ours_bwd_det')} |")
     return lines
 
@@ -175,7 +226,7 @@ def plot(rows, path):
         sel = [r for r in rows if (r["dtype"], r["d"], r["causal"]) == key]
         for line, pass_ in enumerate(("fwd", "bwd")):
             ax = axes[line][col]
-            for impl in ("ours", "flash", "cudnn"):
+            for impl in ("ours", "fa2", "flash", "cudnn"):
                 pts = [(r["n"], r[f"{impl}_{pass_}"]) for r in sel if f"{impl}_{pass_}" in r]
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=impl)
@@ -206,7 +257,8 @@ def main():
                 for n in sizes:
                     r = run_config(dtype, d, n, causal, reps=10 if n >= 8192 else 20)
                     rows.append(r)
-                    print(table([r])[2], flush=True)
+                    print(forward_table([r])[2], flush=True)
+                    print(backward_table([r])[2], flush=True)
     # The device machine gets a copy of the tree without .git: FA_COMMIT names it.
     commit = os.environ.get("FA_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -220,16 +272,21 @@ def main():
         f"- commit: {commit}",
         "- TFLOP/s; forward 4·B·H·N²·d (halved when causal), backward 2.5× forward;"
         " B = 16384/N, H = 2048/d; CUDA-event medians; ratios > 1 mean flashattn is faster",
+        "- ours = the default build (column `ours` names the forward kernel it ran);"
+        " ours FA2 = built with FA_SM90=0; no overlap / no ping-pong = FA3 built with"
+        " FA_SM90_OVERLAP=0 / FA_SM90_PINGPONG=0",
         "- command: `make bench`",
         "",
     ]
+    tables = ["## Forward", ""] + forward_table(rows) + ["", "## Backward", ""] + \
+        backward_table(rows)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results_gpu.md"), "w") as f:
-        f.write("\n".join(header + table(rows)) + "\n")
+        f.write("\n".join(header + tables) + "\n")
     with open(os.path.join(args.out, "results_gpu.json"), "w") as f:
         json.dump(dict(commit=commit, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
     plot(rows, os.path.join(args.out, "results_gpu.png"))
-    print("\n".join(table(rows)))
+    print("\n".join(tables))
 
 
 if __name__ == "__main__":

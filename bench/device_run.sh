@@ -12,9 +12,9 @@ export PYTHONUNBUFFERED=1
 export FA_COMMIT=${FA_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,power.draw --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-if ! make -j8 all >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
+if ! make -j16 all bench-libs >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-    timeout 420 python3 tests/run_tests.py gpu_ >"$out/test_gpu.log" 2>&1
+    timeout 300 python3 tests/run_tests.py gpu_ >"$out/test_gpu.log" 2>&1
     grep -v "^PASS" "$out/test_gpu.log" | tail -60
     ./build/gpu_attention | tee "$out/demo.log"
 fi

@@ -3,7 +3,8 @@
 A Problem holds one attention configuration and its random inputs as float64
 logical [B, N, H, d] arrays (already rounded to the storage dtype), stores
 them in the requested layout, and runs a backend on them: 'fa2' and 'fa1'
-(CPU loop orders), 'ref' (flashattn_ref.h) or 'gpu' (flashattn_cuda.cuh).
+(CPU loop orders), 'ref' (flashattn_ref.h) or 'gpu' (flashattn_cuda.cuh;
+also 'gpu_fa2' with the Hopper kernel compiled out, and 'gpu_fa1').
 """
 import ctypes
 import os
@@ -219,6 +220,8 @@ def call_forward(backend, p, threads=2):
         return GPU.fa_test_gpu_forward(ctypes.byref(p))
     if backend == "gpu_fa1":
         return GPU_FA1.fa_test_gpu_forward(ctypes.byref(p))
+    if backend == "gpu_fa2":
+        return GPU_FA2.fa_test_gpu_forward(ctypes.byref(p))
     return CPU.fa_cpu_forward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 
@@ -246,10 +249,12 @@ def status_name(code):
     return str(code)
 
 
-# GPU shims, built by `make test` only where a GPU is present.
+# GPU shims, built by `make test` only where a GPU is present: the default
+# build (FA3 on Hopper, FA2 elsewhere), FA2 forced (FA_SM90=0), FA1.
 GPU = _load("libflashattn_cuda_test.so")
+GPU_FA2 = _load("libflashattn_cuda_fa2_test.so")
 GPU_FA1 = _load("libflashattn_cuda_fa1_test.so")
-for _lib in (GPU, GPU_FA1):
+for _lib in (GPU, GPU_FA2, GPU_FA1):
     if _lib is not None:
         _lib.fa_test_gpu_backward_workspace_size.restype = ctypes.c_size_t
         _lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t

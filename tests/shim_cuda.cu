@@ -188,6 +188,17 @@ done:
     return finish(s, m, ws);
 }
 
+/* Compute capability of the current device as 10 * major + minor, or 0. */
+int fa_test_gpu_cc(void)
+{
+    int dev, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return 0;
+    return 10 * major + minor;
+}
+
 int fa_test_gpu_count(void)
 {
     int n = 0;

@@ -25,8 +25,10 @@ def need_gpu(lib_name="GPU"):
 
 
 def gpu_forward(**cfg):
+    """The default build (FA3 on Hopper for d 64/128/256) and, where built,
+    the one with the Hopper kernel compiled out (FA2 everywhere)."""
     need_gpu()
-    return forward_case(backends=("gpu",), **cfg)
+    return forward_case(backends=("gpu", "gpu_fa2") if fa.GPU_FA2 else ("gpu",), **cfg)
 
 
 def gpu_backward(**cfg):
@@ -57,6 +59,13 @@ for nq, nk in ((1, 1), (1, 1000), (7, 63), (63, 64), (64, 65), (65, 257), (257, 
              seqlen_k=nk, head_dim=64, dtype="bf16", causal=causal)
         case(f"gpu_bwd_shape_{nq}x{nk}_causal{int(causal)}", gpu_backward, seqlen_q=nq,
              seqlen_k=nk, head_dim=64, dtype="bf16", causal=causal)
+
+# FA3's key tile is 128 (d 64, 128) or 80 (d 256): edges, long pipelines.
+for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
+                  (128, 2048, 2048), (64, 3000, 2500)):
+    for causal in (False, True):
+        case(f"gpu_fwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_forward, seqlen_q=nq,
+             seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal)
 
 for window in ((0, 0), (16, 0), (-1, 5), (7, -1), (40, 3)):
     case(f"gpu_fwd_window_{window[0]}_{window[1]}", gpu_forward, seqlen_q=300, seqlen_k=350,
@@ -105,6 +114,29 @@ def gpu_fully_masked_rows():
         assert np.isfinite(dk).all() and np.isfinite(dv).all()
     return forward_case(backends=("gpu",), seqlen_q=150, seqlen_k=40, head_dim=64, causal=True,
                         dtype="bf16")
+
+
+@test
+def gpu_forward_algorithm_dispatch():
+    """FA3 runs exactly where it should: d 64/128/256 on compute capability
+    9.0 in the default build; FA2 everywhere else and in the FA_SM90=0 build."""
+    lib = need_gpu()
+    cc = lib.fa_test_gpu_cc()
+    prob = fa.Problem(rng_for("dispatch"), seqlen_q=100, seqlen_k=100, dtype="bf16")
+    seen = []
+    for d in HEAD_DIMS:
+        prob.d = d
+        t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in ("q", "k", "v", "o")}
+        p = prob.params(t)
+        expected = 3 if cc == 90 and d in (64, 128, 256) else 2
+        got = lib.fa_cuda_forward_algorithm(ctypes.byref(p))
+        assert got == expected, f"d={d} cc={cc}: algorithm {got}, expected {expected}"
+        if fa.GPU_FA2:
+            assert fa.GPU_FA2.fa_cuda_forward_algorithm(ctypes.byref(p)) == 2
+        seen.append(f"d{d}:FA{got}")
+    p.head_dim = 48
+    assert lib.fa_cuda_forward_algorithm(ctypes.byref(p)) == 0
+    return f"cc {cc}: " + " ".join(seen)
 
 
 @test

@@ -44,6 +44,8 @@
      FA_SM90_OVERLAP  1 (default): QK^T of tile j+1 overlaps the softmax of j
      FA_SM90_PINGPONG 1 (default): consumer warpgroups alternate their GEMMs
                      (the last two are ablation switches, as in the FA3 paper)
+     FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper key tile and K/V pipeline
+                     stages for d = 64, 128, 256 (default: the table below)
 
    LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
    strides multiples of 8 elements); heads_q and batch <= 65535. The Hopper
@@ -180,9 +182,27 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    (+1 KB to align the 128-byte swizzle atoms) must fit 227 KB: d = 256 takes
    80 keys, 224 KB. Registers per consumer thread: O d/2 + S keys/2 + P keys/4
    floats, under the 240 that setmaxnreg gives. */
-#define FA_I_SM90_64 128, 128, 2
-#define FA_I_SM90_128 128, 128, 2
-#define FA_I_SM90_256 128, 80, 2
+#ifndef FA_SM90_KEYS_64
+#define FA_SM90_KEYS_64 128
+#endif
+#ifndef FA_SM90_STAGES_64
+#define FA_SM90_STAGES_64 2
+#endif
+#ifndef FA_SM90_KEYS_128
+#define FA_SM90_KEYS_128 128
+#endif
+#ifndef FA_SM90_STAGES_128
+#define FA_SM90_STAGES_128 2
+#endif
+#ifndef FA_SM90_KEYS_256
+#define FA_SM90_KEYS_256 80
+#endif
+#ifndef FA_SM90_STAGES_256
+#define FA_SM90_STAGES_256 2
+#endif
+#define FA_I_SM90_64 128, FA_SM90_KEYS_64, FA_SM90_STAGES_64
+#define FA_I_SM90_128 128, FA_SM90_KEYS_128, FA_SM90_STAGES_128
+#define FA_I_SM90_256 128, FA_SM90_KEYS_256, FA_SM90_STAGES_256
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
 #define FA_I_FIRST(a, b, c) a
 #define FA_I_SECOND(a, b, c) b
@@ -313,6 +333,13 @@ static __device__ __forceinline__ void fa_i_store16(void *base, int64_t i, float
     if (bf16) asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
     else asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(f));
     ((uint16_t *)base)[i] = h;
+}
+
+/* This CTA's query block. Under causal masking later blocks see more keys, so
+   they start first and the light ones fill the last wave. */
+static __device__ __forceinline__ int fa_i_cta_query_block(const fa_params *p)
+{
+    return p->causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
 }
 
 static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, int b, int h, int s)
@@ -507,6 +534,10 @@ static __device__ __forceinline__ void fa_i_tma_load(uint32_t dst, const CUtenso
                  "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
+static __device__ __forceinline__ void fa_i_tma_prefetch(const CUtensorMap *map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)(uintptr_t)map) : "memory");
+}
 /* One box from shared memory to global; rows past the tensor are dropped. */
 static __device__ __forceinline__ void fa_i_tma_store(const CUtensorMap *map, uint32_t src, int c0,
                                                       int c1, int c2, int c3)
@@ -595,21 +626,39 @@ static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32
 #define FA_I_R0 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9"
 #define FA_I_R10(t) ",%" #t "0,%" #t "1,%" #t "2,%" #t "3,%" #t "4,%" #t "5,%" #t "6,%" #t "7,%" #t \
                     "8,%" #t "9"
-#define FA_I_REGS32 FA_I_R0 FA_I_R10(1) FA_I_R10(2) ",%30,%31"
+/* Partial decade t: ",%t0,...,%t(k-1)". */
+#define FA_I_P2(t) ",%" #t "0,%" #t "1"
+#define FA_I_P4(t) FA_I_P2(t) ",%" #t "2,%" #t "3"
+#define FA_I_P6(t) FA_I_P4(t) ",%" #t "4,%" #t "5"
+#define FA_I_P8(t) FA_I_P6(t) ",%" #t "6,%" #t "7"
 #define FA_I_REGS40 FA_I_R0 FA_I_R10(1) FA_I_R10(2) FA_I_R10(3)
-#define FA_I_REGS64 FA_I_R0 FA_I_R10(1) FA_I_R10(2) FA_I_R10(3) FA_I_R10(4) FA_I_R10(5) \
-    ",%60,%61,%62,%63"
-#define FA_I_REGS128                                                                           \
-    FA_I_R0 FA_I_R10(1) FA_I_R10(2) FA_I_R10(3) FA_I_R10(4) FA_I_R10(5) FA_I_R10(6) FA_I_R10(7) \
-        FA_I_R10(8) FA_I_R10(9) FA_I_R10(10) FA_I_R10(11) ",%120,%121,%122,%123,%124,%125,%126,%127"
+#define FA_I_REGS80 FA_I_REGS40 FA_I_R10(4) FA_I_R10(5) FA_I_R10(6) FA_I_R10(7)
+#define FA_I_REGS120 FA_I_REGS80 FA_I_R10(8) FA_I_R10(9) FA_I_R10(10) FA_I_R10(11)
+#define FA_I_REGS32 FA_I_R0 FA_I_R10(1) FA_I_R10(2) FA_I_P2(3)
+#define FA_I_REGS48 FA_I_REGS40 FA_I_P8(4)
+#define FA_I_REGS56 FA_I_REGS40 FA_I_R10(4) FA_I_P6(5)
+#define FA_I_REGS64 FA_I_REGS40 FA_I_R10(4) FA_I_R10(5) FA_I_P4(6)
+#define FA_I_REGS72 FA_I_REGS40 FA_I_R10(4) FA_I_R10(5) FA_I_R10(6) FA_I_P2(7)
+#define FA_I_REGS88 FA_I_REGS80 FA_I_P8(8)
+#define FA_I_REGS96 FA_I_REGS80 FA_I_R10(8) FA_I_P6(9)
+#define FA_I_REGS128 FA_I_REGS120 FA_I_P8(12)
 #define FA_I_F8(d, i)                                                                         \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
         "+f"(d[i + 6]), "+f"(d[i + 7])
-#define FA_I_F32(d, i) FA_I_F8(d, i), FA_I_F8(d, i + 8), FA_I_F8(d, i + 16), FA_I_F8(d, i + 24)
-#define FA_I_ACC32(d) FA_I_F32(d, 0)
-#define FA_I_ACC40(d) FA_I_F32(d, 0), FA_I_F8(d, 32)
-#define FA_I_ACC64(d) FA_I_F32(d, 0), FA_I_F32(d, 32)
-#define FA_I_ACC128(d) FA_I_F32(d, 0), FA_I_F32(d, 32), FA_I_F32(d, 64), FA_I_F32(d, 96)
+#define FA_I_ACC8(d) FA_I_F8(d, 0)
+#define FA_I_ACC16(d) FA_I_ACC8(d), FA_I_F8(d, 8)
+#define FA_I_ACC24(d) FA_I_ACC16(d), FA_I_F8(d, 16)
+#define FA_I_ACC32(d) FA_I_ACC24(d), FA_I_F8(d, 24)
+#define FA_I_ACC40(d) FA_I_ACC32(d), FA_I_F8(d, 32)
+#define FA_I_ACC48(d) FA_I_ACC40(d), FA_I_F8(d, 40)
+#define FA_I_ACC56(d) FA_I_ACC48(d), FA_I_F8(d, 48)
+#define FA_I_ACC64(d) FA_I_ACC56(d), FA_I_F8(d, 56)
+#define FA_I_ACC72(d) FA_I_ACC64(d), FA_I_F8(d, 64)
+#define FA_I_ACC80(d) FA_I_ACC72(d), FA_I_F8(d, 72)
+#define FA_I_ACC88(d) FA_I_ACC80(d), FA_I_F8(d, 80)
+#define FA_I_ACC96(d) FA_I_ACC88(d), FA_I_F8(d, 88)
+#define FA_I_ACC128(d) FA_I_ACC96(d), FA_I_F8(d, 96), FA_I_F8(d, 104), FA_I_F8(d, 112), \
+                       FA_I_F8(d, 120)
 
 /* d (+)= A B for one k16 step; `accumulate` 0 overwrites d. IA, IB, IS: the
    operand numbers of the A descriptor, B descriptor and accumulate flag. */
@@ -633,10 +682,17 @@ static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32
                      : FA_I_ACC##NACC(d)                                                      \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));           \
     }
-/* The shapes the tile table uses: S tiles of 128 and 80 keys, O of d. */
+/* S tiles of 64 to 192 keys (any the tile table may pick), O tiles of d. */
 #define FA_I_DEFINE_WGMMA_SET(DT)                                                             \
-    FA_I_DEFINE_WGMMA_SS(128, 64, DT, "%64", "%65", "%66")                                    \
+    FA_I_DEFINE_WGMMA_SS(64, 32, DT, "%32", "%33", "%34")                                     \
     FA_I_DEFINE_WGMMA_SS(80, 40, DT, "%40", "%41", "%42")                                     \
+    FA_I_DEFINE_WGMMA_SS(96, 48, DT, "%48", "%49", "%50")                                     \
+    FA_I_DEFINE_WGMMA_SS(112, 56, DT, "%56", "%57", "%58")                                    \
+    FA_I_DEFINE_WGMMA_SS(128, 64, DT, "%64", "%65", "%66")                                    \
+    FA_I_DEFINE_WGMMA_SS(144, 72, DT, "%72", "%73", "%74")                                    \
+    FA_I_DEFINE_WGMMA_SS(160, 80, DT, "%80", "%81", "%82")                                    \
+    FA_I_DEFINE_WGMMA_SS(176, 88, DT, "%88", "%89", "%90")                                    \
+    FA_I_DEFINE_WGMMA_SS(192, 96, DT, "%96", "%97", "%98")                                    \
     FA_I_DEFINE_WGMMA_RS(64, 32, DT, "{%32,%33,%34,%35}", "%36", "%37")                       \
     FA_I_DEFINE_WGMMA_RS(128, 64, DT, "{%64,%65,%66,%67}", "%68", "%69")                      \
     FA_I_DEFINE_WGMMA_RS(256, 128, DT, "{%128,%129,%130,%131}", "%132", "%133")
@@ -997,8 +1053,10 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
                    2 * FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) * FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD)) + \
      1024)
 static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 128, "flashattn: FA3 CTAs have 2 x 64 rows");
-static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) % 16 == 0 && FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) <= 256,
-              "flashattn: FA3 key tile must be a multiple of 16, at most 256");
+static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) % 16 == 0 &&
+                  FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) >= 64 &&
+                  FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) <= 192,
+              "flashattn: FA3 key tile must be a multiple of 16 in 64..192");
 static_assert(FA_I_SM90_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 tiles exceed shared memory");
 #define FA_I_SM90_ENTRY(dt) (const void *)FA_I_NAME(fwd_sm90, dt), FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST), \
     FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND), FA_I_SM90_SMEM
@@ -1106,7 +1164,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + BM * LD, *sv = sk + 2 * BN * LD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = fa_i_cta_query_block(&p) * BM, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (p.heads_q / p.heads_kv);
     const int last = min(m0 + BM, p.seqlen_q) - 1;
     const int wrow = warp * 16 * MT; /* first row of this warp in the tile */
@@ -1386,7 +1444,7 @@ static __global__ void __launch_bounds__(384, 1)
     const uint32_t sk = sq + BM * D * 2, sv = sk + STAGES * TILE;
     const uint32_t q_full = fa_i_smem_addr(bars), k_full = q_full + 8, v_full = k_full + 8 * STAGES;
     const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    const int tid = threadIdx.x, m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, m0 = fa_i_cta_query_block(&p) * BM, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (p.heads_q / p.heads_kv);
     int first_lo, last_hi, n_first, n_end, i;
     fa_i_rows_key_span(&p, m0, min(m0 + BM, p.seqlen_q), &first_lo, &last_hi);
@@ -1408,6 +1466,9 @@ static __global__ void __launch_bounds__(384, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0) {
             int n, c;
+            fa_i_tma_prefetch(&maps.k);
+            fa_i_tma_prefetch(&maps.v);
+            fa_i_tma_prefetch(&maps.o);
             fa_i_mbar_expect_tx(q_full, BM * D * 2);
             for (c = 0; c < CHUNKS; ++c)
                 fa_i_tma_load(sq + c * BM * 128, &maps.q, 64 * c, m0, h, b, q_full);
@@ -1821,7 +1882,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
     uint16_t *sq = (uint16_t *)fa_i_smem, *sdo = sq + BM * LD, *sk = sdo + BM * LD;
     uint16_t *sv = sk + 2 * BN * LD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+    const int m0 = fa_i_cta_query_block(&p) * BM, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (p.heads_q / p.heads_kv);
     const int last = min(m0 + BM, p.seqlen_q) - 1;
     const int row0 = m0 + warp * 16 + (lane >> 2), row1 = row0 + 8;

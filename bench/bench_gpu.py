@@ -12,6 +12,9 @@ Writes bench/results_gpu.md, bench/results_gpu.json and (with matplotlib)
 bench/results_gpu.png.
 
 Usage: python3 bench/bench_gpu.py [--quick] [--dtypes bf16,fp16] [--dims 64,128,256]
+           [--sizes 1024,4096] [--no-backward] [--extra NAME=path/to/shim.so ...]
+--extra times the forward of further builds of tests/shim_cuda.cu (tile or
+ablation variants) as columns NAME; a build that lacks a head dim is skipped.
 """
 import argparse
 import ctypes
@@ -115,7 +118,7 @@ def peer(backend, q, k, v, dout, causal):
     return forward, backward, out.transpose(1, 2)
 
 
-def run_config(dtype, d, n, causal, reps):
+def run_config(dtype, d, n, causal, reps, backward=True):
     b, h = max(1, 16384 // n), 2048 // d
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     gen = torch.Generator(device="cuda").manual_seed(n * 7 + d)
@@ -153,9 +156,12 @@ def run_config(dtype, d, n, causal, reps):
     for build, lib in FORWARD_BUILDS.items():
         if lib is None or build == "ours":
             continue
+        impl = Ours(q, k, v, o, lse, dout, dq, dk, dv, causal, lib)
+        if impl.algorithm() == 0:  # this build lacks the head dim or dtype
+            continue
         o.fill_(float("nan"))
-        builds[build] = Ours(q, k, v, o, lse, dout, dq, dk, dv, causal, lib)
-        builds[build].forward()
+        builds[build] = impl
+        impl.forward()
         torch.cuda.synchronize()
         check(f"o_{build}", o, ref)
     del qt, kt, vt, ref, grads
@@ -163,15 +169,17 @@ def run_config(dtype, d, n, causal, reps):
     row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
     for build, impl in builds.items():
         row[f"{build}_fwd"] = flops / median_ms(impl.forward, reps) / 1e9
-    row["ours_bwd"] = 2.5 * flops / median_ms(ours.backward, reps) / 1e9
-    row["ours_bwd_det"] = 2.5 * flops / median_ms(lambda: ours.backward(1), reps) / 1e9
+    if backward:
+        row["ours_bwd"] = 2.5 * flops / median_ms(ours.backward, reps) / 1e9
+        row["ours_bwd_det"] = 2.5 * flops / median_ms(lambda: ours.backward(1), reps) / 1e9
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         fns = peer(backend, q, k, v, dout, causal)
         if fns is None:
             continue
         row[f"{name}_fwd"] = flops / median_ms(fns[0], reps) / 1e9
-        row[f"{name}_bwd"] = 2.5 * flops / median_ms(fns[1], reps) / 1e9
+        if backward:
+            row[f"{name}_bwd"] = 2.5 * flops / median_ms(fns[1], reps) / 1e9
     return row
 
 
@@ -187,9 +195,11 @@ ALGORITHMS = {1: "FA1", 2: "FA2", 3: "FA3"}
 
 
 def forward_table(rows):
+    extra = [b for b in FORWARD_BUILDS if b not in ("ours", "fa2", "nooverlap", "nopingpong")]
     head = ("| dtype | d | N | causal | ours | ours fwd | flash fwd | cuDNN fwd | ours/flash | "
-            "ours/cuDNN | ours FA2 fwd | FA2/flash | no overlap | no ping-pong |")
-    lines = [head, "|" + "---|" * 14]
+            "ours/cuDNN | ours FA2 fwd | FA2/flash | no overlap | no ping-pong |" +
+            "".join(f" {b} |" for b in extra))
+    lines = [head, "|" + "---|" * (14 + len(extra))]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | "
@@ -197,7 +207,7 @@ def forward_table(rows):
             f"{fmt(r, 'flash_fwd')} | {fmt(r, 'cudnn_fwd')} | {ratio(r, 'ours_fwd', 'flash_fwd')} | "
             f"{ratio(r, 'ours_fwd', 'cudnn_fwd')} | {fmt(r, 'fa2_fwd')} | "
             f"{ratio(r, 'fa2_fwd', 'flash_fwd')} | {fmt(r, 'nooverlap_fwd')} | "
-            f"{fmt(r, 'nopingpong_fwd')} |")
+            f"{fmt(r, 'nopingpong_fwd')} |" + "".join(f" {fmt(r, b + '_fwd')} |" for b in extra))
     return lines
 
 
@@ -244,18 +254,28 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--sizes", default="")
+    ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=SO")
     ap.add_argument("--out", default=HERE)
     args = ap.parse_args()
+    for spec in args.extra:
+        name, path = spec.split("=", 1)
+        FORWARD_BUILDS[name] = ctypes.CDLL(os.path.abspath(path))
+        FORWARD_BUILDS[name].fa_last_error_detail.restype = ctypes.c_char_p
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_gpu: needs a GPU, the CUDA shim (make) and PyTorch; skipped")
         return
     sizes = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    if args.sizes:
+        sizes = [int(x) for x in args.sizes.split(",")]
     rows = []
     for dtype in args.dtypes.split(","):
         for d in map(int, args.dims.split(",")):
             for causal in (False, True):
                 for n in sizes:
-                    r = run_config(dtype, d, n, causal, reps=10 if n >= 8192 else 20)
+                    r = run_config(dtype, d, n, causal, reps=10 if n >= 8192 else 20,
+                                   backward=not args.no_backward)
                     rows.append(r)
                     print(forward_table([r])[2], flush=True)
                     print(backward_table([r])[2], flush=True)

@@ -204,6 +204,10 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_128 128, FA_SM90_KEYS_128, FA_SM90_STAGES_128
 #define FA_I_SM90_256 128, FA_SM90_KEYS_256, FA_SM90_STAGES_256
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
+/* Registers per thread after setmaxnreg: 128 * 32 + 256 * 240 = 64 K. The
+   producer's tile loop spills at 24. */
+#define FA_I_SM90_PRODUCER_REGS 32
+#define FA_I_SM90_CONSUMER_REGS 240
 #define FA_I_FIRST(a, b, c) a
 #define FA_I_SECOND(a, b, c) b
 #define FA_I_THIRD(a, b, c) c
@@ -510,6 +514,11 @@ static __device__ __forceinline__ void fa_i_mbar_arrive(uint32_t bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+static __device__ __forceinline__ void fa_i_mbar_arrive_n(uint32_t bar, uint32_t count)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count)
+                 : "memory");
+}
 /* Waits until the barrier's phase of the given parity has completed. */
 static __device__ __forceinline__ void fa_i_mbar_wait(uint32_t bar, uint32_t parity)
 {
@@ -547,9 +556,14 @@ static __device__ __forceinline__ void fa_i_tma_store(const CUtensorMap *map, ui
                  "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
                  : "memory");
 }
-static __device__ __forceinline__ void fa_i_tma_store_wait(void)
+static __device__ __forceinline__ void fa_i_tma_store_commit(void)
 {
-    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* Waits until this thread's stores have read their shared memory. */
+static __device__ __forceinline__ void fa_i_tma_store_wait_read(void)
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 /* Orders this thread's ordinary shared-memory stores before later reads by
    the async proxy (TMA, wgmma). */
@@ -592,7 +606,9 @@ static __device__ __forceinline__ void fa_i_fence_u32(uint32_t *r, int n)
 }
 
 /* Ping-pong: consumer warpgroup cw (0 or 1) owns named barrier 1 + cw; it
-   waits there before issuing its GEMMs and then lets the other one go. */
+   waits there before issuing its GEMMs and then lets the other one go.
+   Warpgroup 1 arrives once before its first turn (warpgroup 0 goes first)
+   and warpgroup 0 waits once after its last, so every arrival is matched. */
 static __device__ __forceinline__ void fa_i_sm90_turn_begin(int cw)
 {
 #if FA_SM90_PINGPONG
@@ -601,15 +617,34 @@ static __device__ __forceinline__ void fa_i_sm90_turn_begin(int cw)
     (void)cw;
 #endif
 }
-static __device__ __forceinline__ void fa_i_sm90_turn_end(int cw, int last)
+static __device__ __forceinline__ void fa_i_sm90_turn_end(int cw)
 {
 #if FA_SM90_PINGPONG
-    if (!(cw == 1 && last)) fa_i_named_arrive(2 - cw, 256); /* no waiter after the last turn */
+    fa_i_named_arrive(2 - cw, 256);
 #else
     (void)cw;
-    (void)last;
 #endif
 }
+
+/* The persistent schedule: the k-th tile of this CTA, or 0 when it has no
+   more. CTAs take pairs of tiles in turn (pair u: tiles 2u and 2u + 1);
+   within a head the query blocks run M-1, 0, M-2, 1, ... under causal
+   masking, so every pair holds one heavy and one light block and static
+   turns stay balanced. Query blocks vary fastest: CTAs running together
+   share a head's K and V in L2. */
+static __device__ __forceinline__ int fa_i_sm90_tile(const fa_params *p, int64_t k, int blocks_m,
+                                                     int *mb, int *h, int *b)
+{
+    const int64_t t = 2 * (blockIdx.x + (k >> 1) * gridDim.x) + (k & 1);
+    const int r = (int)(t % blocks_m);
+    const int64_t hb = t / blocks_m;
+    if (hb >= (int64_t)p->heads_q * p->batch) return 0;
+    *mb = !p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
+    *h = (int)(hb % p->heads_q);
+    *b = (int)(hb / p->heads_q);
+    return 1;
+}
+
 /* Shared-memory matrix descriptor with the 128-byte swizzle: start, leading
    and stride byte offsets (see the PTX ISA's wgmma section). */
 static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32_t lead,
@@ -617,6 +652,16 @@ static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32
 {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lead & 0x3FFFF) >> 4) << 16 |
            (uint64_t)((stride & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+/* The descriptor of a tile `bytes` further on. An opaque add, issued where
+   it is used: left to itself the compiler keeps every k-step's descriptor of
+   the loop-invariant Q tile in registers, which the accumulators need. */
+static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t bytes)
+{
+    uint64_t r;
+    asm volatile("add.s64 %0, %1, %2;\n" : "=l"(r) : "l"(desc), "l"((uint64_t)(bytes >> 4)));
+    return r;
 }
 
 /* wgmma wrappers. The accumulator of m64nNk16 is N/2 floats per thread, each
@@ -855,6 +900,8 @@ static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t 
     return FA_OK;
 }
 
+static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
+
 #if FA_I_SM90
 /* A 4-D tensor map {d, seq, head, batch} of a 16-bit tensor with boxes of 64
    x box_rows elements and the 128-byte swizzle; 0 if the driver refuses it. */
@@ -883,21 +930,27 @@ static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, c
 /* Whether the Hopper forward runs p: this build has it for p's head dim and
    dtype, compiled for sm_90a (only that body has static shared memory), the
    device is compute capability 9.0 with room for its tiles, and every tensor
-   gets a tensor map. Otherwise the FA2 kernel runs. */
-static int fa_i_sm90_ready(const fa_params *p, const fa_i_kernels *k, fa_i_tma_maps *maps)
+   gets a tensor map. Otherwise the FA2 kernel runs. *ctas: the persistent
+   grid, one CTA per SM or per pair of tiles, whichever is fewer. */
+static int fa_i_sm90_ready(const fa_params *p, const fa_i_kernels *k, fa_i_tma_maps *maps,
+                           int *ctas)
 {
     struct cudaFuncAttributes attr;
-    int dev, major, minor, smem_optin;
+    int dev, major, minor, smem_optin, sms;
+    int64_t pairs;
     if (!k->fwd_sm90) return 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
             cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaFuncGetAttributes(&attr, k->fwd_sm90) != cudaSuccess) {
         cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
         return 0;
     }
+    pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->sm90_rows) * p->heads_q * p->batch + 1) / 2;
+    *ctas = pairs < sms ? (int)pairs : sms;
     return major == 9 && minor == 0 && (size_t)smem_optin >= k->sm90_smem &&
            attr.sharedSizeBytes > 0 &&
            fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->sm90_rows) &&
@@ -907,7 +960,6 @@ static int fa_i_sm90_ready(const fa_params *p, const fa_i_kernels *k, fa_i_tma_m
 }
 #endif
 
-static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
 static size_t fa_i_round4(size_t n) { return (n + 3) / 4 * 4; }
 
 FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
@@ -950,10 +1002,9 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
     {
 #if FA_I_SM90
         fa_i_tma_maps maps;
-        if (fa_i_sm90_ready(&p, k, &maps))
-            return fa_i_launch(k->fwd_sm90,
-                               dim3(fa_i_blocks(p.seqlen_q, k->sm90_rows), p.heads_q, p.batch), 384,
-                               k->sm90_smem, stream, &p, &maps);
+        int ctas;
+        if (fa_i_sm90_ready(&p, k, &maps, &ctas))
+            return fa_i_launch(k->fwd_sm90, dim3(ctas), 384, k->sm90_smem, stream, &p, &maps);
 #endif
         return fa_i_launch(k->fwd, dim3(fa_i_blocks(p.seqlen_q, k->fwd_rows), p.heads_q, p.batch),
                            k->fwd_threads, k->fwd_smem, stream, &p, &workspace);
@@ -971,7 +1022,8 @@ FA_API int fa_cuda_forward_algorithm(const fa_params *params)
 #elif FA_I_SM90
     {
         fa_i_tma_maps maps;
-        return fa_i_sm90_ready(&p, k, &maps) ? 3 : 2;
+        int ctas;
+        return fa_i_sm90_ready(&p, k, &maps, &ctas) ? 3 : 2;
     }
 #else
     return 2;
@@ -1048,10 +1100,15 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_SM90 1
 #define FA_I_SM90_CFG (FA_I_CAT(FA_I_SM90_, FA_I_D))
-#define FA_I_SM90_SMEM                                                                         \
+/* Q, the K/V ring and the 1 KB alignment slack; O's own buffer where it fits. */
+#define FA_I_SM90_SMEM_QKV                                                                     \
     (2 * FA_I_D * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) +                                       \
                    2 * FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) * FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD)) + \
      1024)
+#define FA_I_SM90_O_APART \
+    (FA_I_SM90_SMEM_QKV + 2 * FA_I_D * FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) <= FA_I_SM90_SMEM_MAX)
+#define FA_I_SM90_SMEM \
+    (FA_I_SM90_SMEM_QKV + (FA_I_SM90_O_APART ? 2 * FA_I_D * FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) : 0))
 static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 128, "flashattn: FA3 CTAs have 2 x 64 rows");
 static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) % 16 == 0 &&
                   FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) >= 64 &&
@@ -1108,6 +1165,8 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #ifdef FA_I_SM90_CFG
 #undef FA_I_SM90_CFG
 #undef FA_I_SM90_SMEM
+#undef FA_I_SM90_SMEM_QKV
+#undef FA_I_SM90_O_APART
 #endif
 #undef FA_I_FWD_SMEM
 #undef FA_I_BWD_SMEM
@@ -1334,7 +1393,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 enum {
     FA_I_NAME(sm90_bm, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST),
     FA_I_NAME(sm90_bn, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND),
-    FA_I_NAME(sm90_stages, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD)
+    FA_I_NAME(sm90_stages, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD),
+    FA_I_NAME(sm90_o_apart, FA_I_DT) = FA_I_SM90_O_APART
 };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_I_SM90_BN FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND)
@@ -1346,12 +1406,13 @@ static __device__ __forceinline__ void FA_I_NAME(sm90_qk, FA_I_DT)(float *s, uin
                                                                    uint32_t sk)
 {
     enum { BM = FA_I_NAME(sm90_bm, FA_I_DT), BN = FA_I_SM90_BN };
+    const uint64_t qd = fa_i_wgmma_desc(sq, 16, 1024), kd = fa_i_wgmma_desc(sk, 16, 1024);
     int k;
     fa_i_wgmma_fence();
 #pragma unroll
     for (k = 0; k < FA_I_D / 16; ++k) /* 64-column chunk k / 4, 32 bytes per k16 step */
-        FA_I_WGMMA_QK(s, fa_i_wgmma_desc(sq + (k >> 2) * BM * 128 + (k & 3) * 32, 16, 1024),
-                      fa_i_wgmma_desc(sk + (k >> 2) * BN * 128 + (k & 3) * 32, 16, 1024), k > 0);
+        FA_I_WGMMA_QK(s, fa_i_desc_add(qd, (k >> 2) * BM * 128 + (k & 3) * 32),
+                      fa_i_desc_add(kd, (k >> 2) * BN * 128 + (k & 3) * 32), k > 0);
     fa_i_wgmma_commit();
 }
 
@@ -1360,11 +1421,12 @@ static __device__ __forceinline__ void FA_I_NAME(sm90_pv, FA_I_DT)(float *o, con
                                                                    uint32_t sv)
 {
     enum { BN = FA_I_SM90_BN };
+    const uint64_t vd = fa_i_wgmma_desc(sv, BN * 128, 1024);
     int k;
     fa_i_wgmma_fence();
 #pragma unroll
     for (k = 0; k < BN / 16; ++k) /* 16 keys = 16 rows of 128 bytes per step */
-        FA_I_WGMMA_PV(o, pr + 4 * k, fa_i_wgmma_desc(sv + k * 2048, BN * 128, 1024));
+        FA_I_WGMMA_PV(o, pr + 4 * k, fa_i_desc_add(vd, k * 2048));
     fa_i_wgmma_commit();
 }
 
@@ -1433,29 +1495,31 @@ static __global__ void __launch_bounds__(384, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
         D = FA_I_D, BM = FA_I_NAME(sm90_bm, FA_I_DT), BN = FA_I_SM90_BN,
-        STAGES = FA_I_NAME(sm90_stages, FA_I_DT), CHUNKS = D / 64, TILE = BN * D * 2
+        STAGES = FA_I_NAME(sm90_stages, FA_I_DT), CHUNKS = D / 64, TILE = BN * D * 2,
+        /* O gets its own buffer where it fits, so the next tile's Q can load
+           during this one's epilogue; otherwise O goes over Q. */
+        O_APART = FA_I_NAME(sm90_o_apart, FA_I_DT)
     };
-    /* Barriers: q_full, then k_full, v_full, k_empty, v_empty per stage. Only
-       this sm_90a body has static shared memory: the host reads that to
-       tell it from the stub other targets compile. */
-    __shared__ __align__(8) uint64_t bars[1 + 4 * STAGES];
+    /* Barriers: q_full, q_empty, then k_full, v_full, k_empty, v_empty per
+       stage. Only this sm_90a body has static shared memory: the host reads
+       that to tell it from the stub other targets compile. */
+    __shared__ __align__(8) uint64_t bars[2 + 4 * STAGES];
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */
     const uint32_t sk = sq + BM * D * 2, sv = sk + STAGES * TILE;
-    const uint32_t q_full = fa_i_smem_addr(bars), k_full = q_full + 8, v_full = k_full + 8 * STAGES;
-    const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
-    const int tid = threadIdx.x, m0 = fa_i_cta_query_block(&p) * BM, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (p.heads_q / p.heads_kv);
-    int first_lo, last_hi, n_first, n_end, i;
-    fa_i_rows_key_span(&p, m0, min(m0 + BM, p.seqlen_q), &first_lo, &last_hi);
-    n_first = first_lo / BN; /* key tiles no row of this CTA sees are never loaded */
-    n_end = (last_hi + BN - 1) / BN;
+    const uint32_t so = O_APART ? sv + STAGES * TILE : sq;
+    const uint32_t q_full = fa_i_smem_addr(bars), q_empty = q_full + 8, k_full = q_empty + 8;
+    const uint32_t v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
+    const uint32_t v_empty = k_empty + 8 * STAGES;
+    const int tid = threadIdx.x, blocks_m = (p.seqlen_q + BM - 1) / BM;
+    int i;
     if (tid == 0) {
         fa_i_mbar_init(q_full, 1);
+        fa_i_mbar_init(q_empty, 8); /* every consumer warp */
         for (i = 0; i < STAGES; ++i) {
             fa_i_mbar_init(k_full + 8 * i, 1);
             fa_i_mbar_init(v_full + 8 * i, 1);
-            fa_i_mbar_init(k_empty + 8 * i, 8); /* every consumer warp */
+            fa_i_mbar_init(k_empty + 8 * i, 8);
             fa_i_mbar_init(v_empty + 8 * i, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -1463,154 +1527,187 @@ static __global__ void __launch_bounds__(384, 1)
     __syncthreads();
 
     if (tid < 128) { /* producer warpgroup: one thread issues every copy */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS));
         if (tid == 0) {
-            int n, c;
+            int64_t k;
+            int it = 0, mb, h, b;
             fa_i_tma_prefetch(&maps.k);
             fa_i_tma_prefetch(&maps.v);
             fa_i_tma_prefetch(&maps.o);
-            fa_i_mbar_expect_tx(q_full, BM * D * 2);
-            for (c = 0; c < CHUNKS; ++c)
-                fa_i_tma_load(sq + c * BM * 128, &maps.q, 64 * c, m0, h, b, q_full);
-            for (n = n_first; n < n_end; ++n) {
-                const int it = n - n_first, st = it % STAGES;
-                const uint32_t free_parity = ((it / STAGES) & 1) ^ 1; /* fresh: passes */
-                fa_i_mbar_wait(k_empty + 8 * st, free_parity);
-                fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
+            for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
+                const int hk = h / (p.heads_q / p.heads_kv);
+                int first_lo, last_hi, n, c;
+                fa_i_rows_key_span(&p, mb * BM, min(mb * BM + BM, p.seqlen_q), &first_lo,
+                                   &last_hi);
+                fa_i_mbar_wait(q_empty, (uint32_t)(k & 1) ^ 1); /* fresh barrier: passes */
+                fa_i_mbar_expect_tx(q_full, BM * D * 2);
                 for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c, n * BN, hk, b,
-                                  k_full + 8 * st);
-                fa_i_mbar_wait(v_empty + 8 * st, free_parity);
-                fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
-                for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk, b,
-                                  v_full + 8 * st);
+                    fa_i_tma_load(sq + c * BM * 128, &maps.q, 64 * c, mb * BM, h, b, q_full);
+                /* key tiles no row of this tile sees are never loaded */
+                for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
+                    const int st = it % STAGES;
+                    const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
+                    fa_i_mbar_wait(k_empty + 8 * st, free_parity);
+                    fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
+                    for (c = 0; c < CHUNKS; ++c)
+                        fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c, n * BN, hk,
+                                      b, k_full + 8 * st);
+                    fa_i_mbar_wait(v_empty + 8 * st, free_parity);
+                    fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
+                    for (c = 0; c < CHUNKS; ++c)
+                        fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk,
+                                      b, v_full + 8 * st);
+                }
             }
         }
     } else { /* consumer warpgroups */
         const int cw = tid / 128 - 1, t = tid % 128, lane = t & 31, warp = t >> 5;
-        const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
-        const uint32_t sq_wg = sq + cw * 64 * 128;
+        const uint32_t sq_wg = sq + cw * 64 * 128, so_wg = so + cw * 64 * 128;
         const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
         float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
         uint32_t pr[BN / 4];
-        int lo[2], hi[2], n;
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-#pragma unroll
-        for (i = 0; i < 2; ++i) {
-            m_run[i] = -INFINITY;
-            l_run[i] = 0.0f;
-            fa_i_key_range(&p, row + 8 * i, &lo[i], &hi[i]);
-        }
-#pragma unroll
-        for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        int64_t k;
+        int it = 0, mb, h, b;
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS));
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-        fa_i_mbar_wait(q_full, 0);
 #if FA_SM90_PINGPONG
-        if (cw == 1 && n_first < n_end) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
+        if (cw == 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
 #endif
-#define FA_I_STAGE(n) (((n) - n_first) % STAGES)
-#define FA_I_PARITY(n) ((((n) - n_first) / STAGES) & 1)
-#define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, min(m0 + BM, p.seqlen_q), (n) * BN, (n) * BN + BN) != 2)
+        for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
+            const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q);
+            const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
+            int lo[2], hi[2], first_lo, last_hi, n, n_first, n_end;
+            fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
+            n_first = first_lo / BN;
+            n_end = (last_hi + BN - 1) / BN;
+#pragma unroll
+            for (i = 0; i < 2; ++i) {
+                m_run[i] = -INFINITY;
+                l_run[i] = 0.0f;
+                fa_i_key_range(&p, row + 8 * i, &lo[i], &hi[i]);
+            }
+#pragma unroll
+            for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
+            fa_i_mbar_wait(q_full, (uint32_t)(k & 1));
+#define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
+#define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
+#define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, last, (n) * BN, (n) * BN + BN) != 2)
 #if FA_SM90_OVERLAP
-        /* Tile n's S is issued together with tile n-1's PV: the softmax of n
-           runs while PV(n-1) is on the tensor cores. */
-        if (n_first < n_end) {
-            fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n_first), FA_I_PARITY(n_first));
-            fa_i_sm90_turn_begin(cw);
-            FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n_first) * TILE);
-            fa_i_sm90_turn_end(cw, 0);
-            FA_I_WGMMA_WAIT(0);
-            fa_i_fence_f32(s, BN / 2);
-            if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n_first));
-            FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n_first * BN, FA_I_MASKED(n_first), lo, hi,
-                                             log2_scale, m_run, l_run, alpha);
-            FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
-            for (n = n_first + 1; n < n_end; ++n) {
+            /* Tile n's S is issued together with tile n-1's PV: the softmax
+               of n runs while PV(n-1) is on the tensor cores. */
+            if (n_first < n_end) {
+                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n_first), FA_I_PARITY(n_first));
+                fa_i_sm90_turn_begin(cw);
+                FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n_first) * TILE);
+                fa_i_sm90_turn_end(cw);
+                FA_I_WGMMA_WAIT(0);
+                fa_i_fence_f32(s, BN / 2);
+                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n_first));
+                FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n_first * BN, FA_I_MASKED(n_first), lo,
+                                                 hi, log2_scale, m_run, l_run, alpha);
+                FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
+                for (n = n_first + 1; n < n_end; ++n) {
+                    fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+                    fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n - 1), FA_I_PARITY(n - 1));
+                    fa_i_sm90_turn_begin(cw);
+                    FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
+                    FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
+                    fa_i_sm90_turn_end(cw);
+                    FA_I_WGMMA_WAIT(1);
+                    fa_i_fence_f32(s, BN / 2);
+                    if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
+                    FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
+                                                     log2_scale, m_run, l_run, alpha);
+                    FA_I_WGMMA_WAIT(0);
+                    fa_i_fence_f32(o, D / 2);
+                    fa_i_fence_u32(pr, BN / 4);
+                    if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
+                    FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
+                }
+                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
+                fa_i_sm90_turn_begin(cw);
+                FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
+                fa_i_sm90_turn_end(cw);
+                FA_I_WGMMA_WAIT(0);
+                fa_i_fence_f32(o, D / 2);
+                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
+            }
+#else
+            /* No overlap: S, softmax, then PV, one tile after another. */
+            for (n = n_first; n < n_end; ++n) {
                 fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
-                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n - 1), FA_I_PARITY(n - 1));
                 fa_i_sm90_turn_begin(cw);
                 FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
-                FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
-                fa_i_sm90_turn_end(cw, 0);
-                FA_I_WGMMA_WAIT(1);
+                fa_i_sm90_turn_end(cw);
+                FA_I_WGMMA_WAIT(0);
                 fa_i_fence_f32(s, BN / 2);
                 if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
-                FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi, log2_scale,
-                                                 m_run, l_run, alpha);
+                FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
+                                                 log2_scale, m_run, l_run, alpha);
+                FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
+                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+                FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n) * TILE);
                 FA_I_WGMMA_WAIT(0);
                 fa_i_fence_f32(o, D / 2);
                 fa_i_fence_u32(pr, BN / 4);
-                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
-                FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
+                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
             }
-            fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
-            fa_i_sm90_turn_begin(cw);
-            FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
-            fa_i_sm90_turn_end(cw, 1);
-            FA_I_WGMMA_WAIT(0);
-            fa_i_fence_f32(o, D / 2);
-            if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
-        }
-#else
-        /* No overlap: S, softmax, then PV, one tile after another. */
-        for (n = n_first; n < n_end; ++n) {
-            fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
-            fa_i_sm90_turn_begin(cw);
-            FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
-            fa_i_sm90_turn_end(cw, n == n_end - 1);
-            FA_I_WGMMA_WAIT(0);
-            fa_i_fence_f32(s, BN / 2);
-            if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
-            FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi, log2_scale,
-                                             m_run, l_run, alpha);
-            FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
-            fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
-            FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n) * TILE);
-            FA_I_WGMMA_WAIT(0);
-            fa_i_fence_f32(o, D / 2);
-            fa_i_fence_u32(pr, BN / 4);
-            if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
-        }
 #endif
 #undef FA_I_STAGE
 #undef FA_I_PARITY
 #undef FA_I_MASKED
+            it += n_end > n_first ? n_end - n_first : 0;
+            if (O_APART) {
+                /* Q is free for the next tile; O's buffer is free once this
+                   thread's previous store has read it. */
+                if (lane == 0) fa_i_mbar_arrive(q_empty);
+                if (t == 0) fa_i_tma_store_wait_read();
+                fa_i_named_sync(3 + cw, 128);
+            }
 
-        /* Epilogue: O / l in 16 bits over this warpgroup's own Q rows (their
-           last reader, its QK^T, is done), then one TMA store per chunk. */
-        {
-            float inv[2];
+            /* Epilogue: O / l in 16 bits into shared memory (over this
+               warpgroup's own Q rows unless O_APART), one TMA store per chunk. */
+            {
+                float inv[2];
 #pragma unroll
-            for (i = 0; i < 2; ++i) {
-                float l = l_run[i];
-                l += __shfl_xor_sync(0xffffffffu, l, 1);
-                l += __shfl_xor_sync(0xffffffffu, l, 2);
-                inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
-                if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
-                    p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row + 8 * i] =
-                        l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
-            }
+                for (i = 0; i < 2; ++i) {
+                    float l = l_run[i];
+                    l += __shfl_xor_sync(0xffffffffu, l, 1);
+                    l += __shfl_xor_sync(0xffffffffu, l, 2);
+                    inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+                    if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
+                        p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row + 8 * i] =
+                            l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+                }
 #pragma unroll
-            for (i = 0; i < D / 2; i += 2) {
-                const int r = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), col = 8 * (i >> 2);
-                const uint32_t addr = sq_wg + (col >> 6) * BM * 128 + r * 128 +
-                                      ((((col & 63) >> 3) ^ (r & 7)) << 4) + 4 * (lane & 3);
-                const float f = inv[(i >> 1) & 1];
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
-                             "r"(FA_I_PACK(o[i] * f, o[i + 1] * f))
-                             : "memory");
-            }
-            fa_i_fence_proxy_async();
-            fa_i_named_sync(3 + cw, 128);
-            if (t == 0) {
-                int c;
-                for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_store(&maps.o, sq_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h, b);
-                fa_i_tma_store_wait();
+                for (i = 0; i < D / 2; i += 2) {
+                    const int r = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), col = 8 * (i >> 2);
+                    const uint32_t addr = so_wg + (col >> 6) * BM * 128 + r * 128 +
+                                          ((((col & 63) >> 3) ^ (r & 7)) << 4) + 4 * (lane & 3);
+                    const float f = inv[(i >> 1) & 1];
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
+                                 "r"(FA_I_PACK(o[i] * f, o[i + 1] * f))
+                                 : "memory");
+                }
+                fa_i_fence_proxy_async();
+                fa_i_named_sync(3 + cw, 128);
+                if (t == 0) {
+                    int c;
+                    for (c = 0; c < CHUNKS; ++c)
+                        fa_i_tma_store(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h, b);
+                    fa_i_tma_store_commit();
+                    if (!O_APART) { /* Q's rows now hold O: free them once read */
+                        fa_i_tma_store_wait_read();
+                        fa_i_mbar_arrive_n(q_empty, 4);
+                    }
+                }
             }
         }
+#if FA_SM90_PINGPONG
+        if (cw == 0) fa_i_named_sync(1, 256); /* matches warpgroup 1's last arrival */
+#endif
+        if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the stores */
     }
 #else
     (void)p;

@@ -204,10 +204,14 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_128 128, FA_SM90_KEYS_128, FA_SM90_STAGES_128
 #define FA_I_SM90_256 128, FA_SM90_KEYS_256, FA_SM90_STAGES_256
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
-/* Registers per thread after setmaxnreg: 128 * 32 + 256 * 240 = 64 K. The
-   producer's tile loop spills at 24. */
-#define FA_I_SM90_PRODUCER_REGS 32
-#define FA_I_SM90_CONSUMER_REGS 240
+/* Registers per thread after setmaxnreg. setmaxnreg only moves registers
+   within the CTA's launch allocation, 384 threads x 168 (65536 / 384 rounded
+   down to 8): asking for more makes the consumers' setmaxnreg.inc wait
+   forever. The producer's tile loop spills at 24; 40 / 232 fill it exactly. */
+#define FA_I_SM90_PRODUCER_REGS 40
+#define FA_I_SM90_CONSUMER_REGS 232
+static_assert(128 * FA_I_SM90_PRODUCER_REGS + 256 * FA_I_SM90_CONSUMER_REGS <= 384 * 168,
+              "flashattn: setmaxnreg can't hand out more registers than the CTA launched with");
 #define FA_I_FIRST(a, b, c) a
 #define FA_I_SECOND(a, b, c) b
 #define FA_I_THIRD(a, b, c) c

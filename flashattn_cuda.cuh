@@ -24,14 +24,15 @@
                Deterministic mode: the same kernel without dQ, plus a dQ
                kernel parallel over query blocks (no atomics).
      forward   FA3 (Hopper, built for sm_90a, head dims 64 128 256; runtime
-               dispatch picks it on compute capability 9.0): a producer
-               warpgroup loads Q once and K/V tiles by TMA into a ring of
-               shared-memory stages (full/empty mbarriers); two consumer
-               warpgroups of 64 query rows each run S = QK^T (SS wgmma) and
-               O += PV (RS wgmma, P from registers), the QK^T of the next
-               tile overlapping the softmax of this one, and take turns on
-               the tensor cores (ping-pong on named barriers). O leaves
-               through shared memory by TMA store.
+               dispatch picks it on compute capability 9.0): persistent CTAs,
+               one per SM, each taking pairs of 128-row tiles. A producer
+               warpgroup loads Q once per tile and K/V tiles by TMA into a
+               ring of shared-memory stages (full/empty mbarriers); two
+               consumer warpgroups of 64 query rows each run S = QK^T (SS
+               wgmma) and O += PV (RS wgmma, P from registers), the QK^T of
+               the next tile overlapping the softmax of this one, and take
+               turns on the tensor cores (ping-pong on named barriers). O
+               leaves through shared memory by TMA store.
 
    COMPILE-TIME OPTIONS
      FA_VARIANT      2 (default) or 1: forward algorithm
@@ -181,7 +182,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    per tile, K/V pipeline stages. Shared memory Q + 2 * stages * K/V tile
    (+1 KB to align the 128-byte swizzle atoms) must fit 227 KB: d = 256 takes
    80 keys, 224 KB. Registers per consumer thread: O d/2 + S keys/2 + P keys/4
-   floats, under the 240 that setmaxnreg gives. */
+   floats, under the 232 that setmaxnreg gives. */
 #ifndef FA_SM90_KEYS_64
 #define FA_SM90_KEYS_64 128
 #endif

@@ -93,7 +93,7 @@ def check_no_spills(arch_flags, *defines):
     report = ptxas_report(arch_flags, defines)
     spills = [l for l in report.splitlines() if re.search(r"[1-9]\d* bytes spill", l)]
     stack = [l for l in report.splitlines() if re.search(r"[1-9]\d* bytes stack frame", l)]
-    serial = [l for l in report.splitlines() if re.search(r"C751[457]|serializ|warning", l)]
+    serial = [l for l in report.splitlines() if re.search(r"C75\d\d|serializ|warning", l)]
     kernels = report.count("Compiling entry function")
     assert kernels > 0, "no kernels compiled"
     assert not spills and not serial, "\n".join(spills + serial)
@@ -102,11 +102,26 @@ def check_no_spills(arch_flags, *defines):
 
 case("cuda_sm80_no_spills", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"])
 case("cuda_sm90a_no_spills", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"])
+case("cuda_sm90a_ablations", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"],
+     "-DFA_CUDA_DTYPE=2", "-DFA_SM90_OVERLAP=0", "-DFA_SM90_PINGPONG=0")
+case("cuda_sm90a_custom_tiles", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"],
+     "-DFA_CUDA_DTYPE=1", "-DFA_SM90_KEYS_64=192", "-DFA_SM90_STAGES_128=3")
 case("cuda_one_config_custom_tile", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"],
      "-DFA_HEAD_DIM=64", "-DFA_CUDA_DTYPE=2", "-DFA_BLOCK_M=64", "-DFA_BLOCK_N=64",
      "-DFA_NUM_WARPS=4")
 case("cuda_fa1_variant", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"],
      "-DFA_HEAD_DIM=128", "-DFA_VARIANT=1")
+
+
+@test
+def cuda_sm90_tile_over_budget_is_a_compile_error():
+    try:
+        ptxas_report(["-gencode=arch=compute_90a,code=sm_90a"],
+                     ["-DFA_HEAD_DIM=256", "-DFA_SM90_KEYS_256=128"])
+    except AssertionError as failure:
+        assert "FA3 tiles exceed shared memory" in str(failure), str(failure)[-500:]
+        return
+    raise AssertionError("a Hopper tile over the shared-memory budget compiled")
 
 
 @test

@@ -45,8 +45,9 @@
      FA_SM90_OVERLAP  1 (default): QK^T of tile j+1 overlaps the softmax of j
      FA_SM90_PINGPONG 1 (default): consumer warpgroups alternate their GEMMs
                      (the last two are ablation switches, as in the FA3 paper)
-     FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper key tile and K/V pipeline
-                     stages for d = 64, 128, 256 (default: the table below)
+     FA_SM90_ROWS_<d>, FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper tile for
+                     d = 64, 128, 256: query rows (128 or 192), keys, K/V
+                     pipeline stages (default: the table below)
 
    LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
    strides multiples of 8 elements); heads_q and batch <= 65535. The Hopper
@@ -178,11 +179,13 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWDQ_160 64, 32, 4
 #define FA_I_BWDQ_192 64, 32, 4
 #define FA_I_BWDQ_256 64, 32, 4
-/* Hopper forward (FA3): query rows per CTA (64 per consumer warpgroup), keys
-   per tile, K/V pipeline stages. Shared memory Q + 2 * stages * K/V tile
-   (+1 KB to align the 128-byte swizzle atoms) must fit 227 KB: d = 256 takes
-   80 keys, 224 KB. Registers per consumer thread: O d/2 + S keys/2 + P keys/4
-   floats, under the 232 that setmaxnreg gives. */
+/* Hopper forward (FA3): query rows per CTA (64 per consumer warpgroup: 128 or
+   192), keys per tile, K/V pipeline stages. Shared memory Q + 2 * stages * K/V
+   tile (+1 KB to align the 128-byte swizzle atoms) must fit 227 KB: d = 256
+   takes 80 keys, 224 KB. Registers per consumer thread: O d/2 + S keys/2 + P
+   keys/4 floats, under what setmaxnreg gives (232 with 2 consumer
+   warpgroups, 160 with 3). d = 64 has 3: its exp2 work equals its GEMM work,
+   and a third warpgroup gives the softmax more warps to hide behind. */
 #ifndef FA_SM90_KEYS_64
 #define FA_SM90_KEYS_64 128
 #endif
@@ -201,17 +204,29 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #ifndef FA_SM90_STAGES_256
 #define FA_SM90_STAGES_256 2
 #endif
-#define FA_I_SM90_64 128, FA_SM90_KEYS_64, FA_SM90_STAGES_64
-#define FA_I_SM90_128 128, FA_SM90_KEYS_128, FA_SM90_STAGES_128
-#define FA_I_SM90_256 128, FA_SM90_KEYS_256, FA_SM90_STAGES_256
+#ifndef FA_SM90_ROWS_64
+#define FA_SM90_ROWS_64 192
+#endif
+#ifndef FA_SM90_ROWS_128
+#define FA_SM90_ROWS_128 128
+#endif
+#ifndef FA_SM90_ROWS_256
+#define FA_SM90_ROWS_256 128
+#endif
+#define FA_I_SM90_64 FA_SM90_ROWS_64, FA_SM90_KEYS_64, FA_SM90_STAGES_64
+#define FA_I_SM90_128 FA_SM90_ROWS_128, FA_SM90_KEYS_128, FA_SM90_STAGES_128
+#define FA_I_SM90_256 FA_SM90_ROWS_256, FA_SM90_KEYS_256, FA_SM90_STAGES_256
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
-/* Registers per thread after setmaxnreg. setmaxnreg only moves registers
-   within the CTA's launch allocation, 384 threads x 168 (65536 / 384 rounded
-   down to 8): asking for more makes the consumers' setmaxnreg.inc wait
-   forever. The producer's tile loop spills at 24; 40 / 232 fill it exactly. */
-#define FA_I_SM90_PRODUCER_REGS 40
-#define FA_I_SM90_CONSUMER_REGS 232
-static_assert(128 * FA_I_SM90_PRODUCER_REGS + 256 * FA_I_SM90_CONSUMER_REGS <= 384 * 168,
+/* Registers per thread after setmaxnreg, for nc consumer warpgroups. setmaxnreg
+   only moves registers within the CTA's launch allocation, 128 (nc + 1)
+   threads x 65536 / (128 (nc + 1)) rounded down to 8: asking for more makes
+   the consumers' setmaxnreg.inc wait forever. The producer's tile loop spills
+   at 24. nc = 2: 40 / 232 of 168; nc = 3: 32 / 160 of 128. */
+#define FA_I_SM90_PRODUCER_REGS(nc) ((nc) == 2 ? 40 : 32)
+#define FA_I_SM90_CONSUMER_REGS(nc) ((nc) == 2 ? 232 : 160)
+#define FA_I_SM90_LAUNCH_REGS(nc) (65536 / (128 * ((nc) + 1)) / 8 * 8)
+static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 * FA_I_SM90_LAUNCH_REGS(2) &&
+                  FA_I_SM90_PRODUCER_REGS(3) + 3 * FA_I_SM90_CONSUMER_REGS(3) <= 4 * FA_I_SM90_LAUNCH_REGS(3),
               "flashattn: setmaxnreg can't hand out more registers than the CTA launched with");
 #define FA_I_FIRST(a, b, c) a
 #define FA_I_SECOND(a, b, c) b
@@ -610,10 +625,11 @@ static __device__ __forceinline__ void fa_i_fence_u32(uint32_t *r, int n)
     for (i = 0; i < n; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-/* Ping-pong: consumer warpgroup cw (0 or 1) owns named barrier 1 + cw; it
-   waits there before issuing its GEMMs and then lets the other one go.
-   Warpgroup 1 arrives once before its first turn (warpgroup 0 goes first)
-   and warpgroup 0 waits once after its last, so every arrival is matched. */
+/* Ping-pong: consumer warpgroup cw of nc owns named barrier 1 + cw; it waits
+   there before issuing its GEMMs and then lets the next one (cyclically) go.
+   The last warpgroup arrives once before anyone's first turn (warpgroup 0
+   goes first) and warpgroup 0 waits once after its last, so every arrival
+   is matched. */
 static __device__ __forceinline__ void fa_i_sm90_turn_begin(int cw)
 {
 #if FA_SM90_PINGPONG
@@ -622,12 +638,13 @@ static __device__ __forceinline__ void fa_i_sm90_turn_begin(int cw)
     (void)cw;
 #endif
 }
-static __device__ __forceinline__ void fa_i_sm90_turn_end(int cw)
+static __device__ __forceinline__ void fa_i_sm90_turn_end(int cw, int nc)
 {
 #if FA_SM90_PINGPONG
-    fa_i_named_arrive(2 - cw, 256);
+    fa_i_named_arrive(1 + (cw + 1) % nc, 256);
 #else
     (void)cw;
+    (void)nc;
 #endif
 }
 
@@ -1009,7 +1026,8 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
         fa_i_tma_maps maps;
         int ctas;
         if (fa_i_sm90_ready(&p, k, &maps, &ctas))
-            return fa_i_launch(k->fwd_sm90, dim3(ctas), 384, k->sm90_smem, stream, &p, &maps);
+            return fa_i_launch(k->fwd_sm90, dim3(ctas), 128 * (k->sm90_rows / 64 + 1),
+                               k->sm90_smem, stream, &p, &maps);
 #endif
         return fa_i_launch(k->fwd, dim3(fa_i_blocks(p.seqlen_q, k->fwd_rows), p.heads_q, p.batch),
                            k->fwd_threads, k->fwd_smem, stream, &p, &workspace);
@@ -1114,12 +1132,17 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     (FA_I_SM90_SMEM_QKV + 2 * FA_I_D * FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) <= FA_I_SM90_SMEM_MAX)
 #define FA_I_SM90_SMEM \
     (FA_I_SM90_SMEM_QKV + (FA_I_SM90_O_APART ? 2 * FA_I_D * FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) : 0))
-static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 128, "flashattn: FA3 CTAs have 2 x 64 rows");
+static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 128 || FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 192,
+              "flashattn: FA3 CTAs have 2 or 3 consumer warpgroups of 64 rows");
 static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) % 16 == 0 &&
                   FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) >= 64 &&
                   FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) <= 192,
               "flashattn: FA3 key tile must be a multiple of 16 in 64..192");
 static_assert(FA_I_SM90_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 tiles exceed shared memory");
+/* O (d/2), S (keys/2) and P (keys/4) per consumer thread, plus ~24 for the rest. */
+static_assert(FA_I_D / 2 + 3 * FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) / 4 + 24 <=
+                  FA_I_SM90_CONSUMER_REGS(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) / 64),
+              "flashattn: FA3 accumulators exceed the consumer registers (fewer rows or keys)");
 #define FA_I_SM90_ENTRY(dt) (const void *)FA_I_NAME(fwd_sm90, dt), FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST), \
     FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND), FA_I_SM90_SMEM
 #else
@@ -1494,13 +1517,14 @@ static __device__ __forceinline__ void FA_I_NAME(sm90_rescale_pack, FA_I_DT)(flo
 #undef FA_I_WGMMA_PV
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
-static __global__ void __launch_bounds__(384, 1)
+static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) / 64 + 1), 1)
     FA_I_NAME(fwd_sm90, FA_I_DT)(const fa_params p, const __grid_constant__ fa_i_tma_maps maps)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
         D = FA_I_D, BM = FA_I_NAME(sm90_bm, FA_I_DT), BN = FA_I_SM90_BN,
         STAGES = FA_I_NAME(sm90_stages, FA_I_DT), CHUNKS = D / 64, TILE = BN * D * 2,
+        NC = BM / 64, /* consumer warpgroups */
         /* O gets its own buffer where it fits, so the next tile's Q can load
            during this one's epilogue; otherwise O goes over Q. */
         O_APART = FA_I_NAME(sm90_o_apart, FA_I_DT)
@@ -1520,19 +1544,19 @@ static __global__ void __launch_bounds__(384, 1)
     int i;
     if (tid == 0) {
         fa_i_mbar_init(q_full, 1);
-        fa_i_mbar_init(q_empty, 8); /* every consumer warp */
+        fa_i_mbar_init(q_empty, 4 * NC); /* every consumer warp */
         for (i = 0; i < STAGES; ++i) {
             fa_i_mbar_init(k_full + 8 * i, 1);
             fa_i_mbar_init(v_full + 8 * i, 1);
-            fa_i_mbar_init(k_empty + 8 * i, 8);
-            fa_i_mbar_init(v_empty + 8 * i, 8);
+            fa_i_mbar_init(k_empty + 8 * i, 4 * NC);
+            fa_i_mbar_init(v_empty + 8 * i, 4 * NC);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (tid < 128) { /* producer warpgroup: one thread issues every copy */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS(NC)));
         if (tid == 0) {
             int64_t k;
             int it = 0, mb, h, b;
@@ -1573,11 +1597,11 @@ static __global__ void __launch_bounds__(384, 1)
         uint32_t pr[BN / 4];
         int64_t k;
         int it = 0, mb, h, b;
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS(NC)));
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
 #if FA_SM90_PINGPONG
-        if (cw == 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
+        if (cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
 #endif
         for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
             const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q);
@@ -1605,7 +1629,7 @@ static __global__ void __launch_bounds__(384, 1)
                 fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n_first), FA_I_PARITY(n_first));
                 fa_i_sm90_turn_begin(cw);
                 FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n_first) * TILE);
-                fa_i_sm90_turn_end(cw);
+                fa_i_sm90_turn_end(cw, NC);
                 FA_I_WGMMA_WAIT(0);
                 fa_i_fence_f32(s, BN / 2);
                 if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n_first));
@@ -1618,7 +1642,7 @@ static __global__ void __launch_bounds__(384, 1)
                     fa_i_sm90_turn_begin(cw);
                     FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
                     FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
-                    fa_i_sm90_turn_end(cw);
+                    fa_i_sm90_turn_end(cw, NC);
                     FA_I_WGMMA_WAIT(1);
                     fa_i_fence_f32(s, BN / 2);
                     if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
@@ -1633,7 +1657,7 @@ static __global__ void __launch_bounds__(384, 1)
                 fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
                 fa_i_sm90_turn_begin(cw);
                 FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
-                fa_i_sm90_turn_end(cw);
+                fa_i_sm90_turn_end(cw, NC);
                 FA_I_WGMMA_WAIT(0);
                 fa_i_fence_f32(o, D / 2);
                 if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
@@ -1644,7 +1668,7 @@ static __global__ void __launch_bounds__(384, 1)
                 fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
                 fa_i_sm90_turn_begin(cw);
                 FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
-                fa_i_sm90_turn_end(cw);
+                fa_i_sm90_turn_end(cw, NC);
                 FA_I_WGMMA_WAIT(0);
                 fa_i_fence_f32(s, BN / 2);
                 if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
@@ -1668,7 +1692,7 @@ static __global__ void __launch_bounds__(384, 1)
                    thread's previous store has read it. */
                 if (lane == 0) fa_i_mbar_arrive(q_empty);
                 if (t == 0) fa_i_tma_store_wait_read();
-                fa_i_named_sync(3 + cw, 128);
+                fa_i_named_sync(1 + NC + cw, 128);
             }
 
             /* Epilogue: O / l in 16 bits into shared memory (over this
@@ -1696,7 +1720,7 @@ static __global__ void __launch_bounds__(384, 1)
                                  : "memory");
                 }
                 fa_i_fence_proxy_async();
-                fa_i_named_sync(3 + cw, 128);
+                fa_i_named_sync(1 + NC + cw, 128);
                 if (t == 0) {
                     int c;
                     for (c = 0; c < CHUNKS; ++c)
@@ -1710,7 +1734,7 @@ static __global__ void __launch_bounds__(384, 1)
             }
         }
 #if FA_SM90_PINGPONG
-        if (cw == 0) fa_i_named_sync(1, 256); /* matches warpgroup 1's last arrival */
+        if (cw == 0) fa_i_named_sync(1, 256); /* matches the last warpgroup's last arrival */
 #endif
         if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the stores */
     }

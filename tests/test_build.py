@@ -105,7 +105,8 @@ case("cuda_sm90a_no_spills", check_no_spills, ["-gencode=arch=compute_90a,code=s
 case("cuda_sm90a_ablations", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"],
      "-DFA_CUDA_DTYPE=2", "-DFA_SM90_OVERLAP=0", "-DFA_SM90_PINGPONG=0")
 case("cuda_sm90a_custom_tiles", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"],
-     "-DFA_CUDA_DTYPE=1", "-DFA_SM90_KEYS_64=192", "-DFA_SM90_STAGES_128=3")
+     "-DFA_CUDA_DTYPE=1", "-DFA_SM90_ROWS_64=128", "-DFA_SM90_KEYS_64=192",
+     "-DFA_SM90_ROWS_128=192", "-DFA_SM90_KEYS_128=64")
 case("cuda_one_config_custom_tile", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"],
      "-DFA_HEAD_DIM=64", "-DFA_CUDA_DTYPE=2", "-DFA_BLOCK_M=64", "-DFA_BLOCK_N=64",
      "-DFA_NUM_WARPS=4")
@@ -113,15 +114,19 @@ case("cuda_fa1_variant", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"
      "-DFA_HEAD_DIM=128", "-DFA_VARIANT=1")
 
 
-@test
-def cuda_sm90_tile_over_budget_is_a_compile_error():
+def sm90_tile_is_a_compile_error(defines, message):
     try:
-        ptxas_report(["-gencode=arch=compute_90a,code=sm_90a"],
-                     ["-DFA_HEAD_DIM=256", "-DFA_SM90_KEYS_256=128"])
+        ptxas_report(["-gencode=arch=compute_90a,code=sm_90a"], ["-DFA_HEAD_DIM=256"] + defines)
     except AssertionError as failure:
-        assert "FA3 tiles exceed shared memory" in str(failure), str(failure)[-500:]
+        assert message in str(failure), str(failure)[-500:]
         return
-    raise AssertionError("a Hopper tile over the shared-memory budget compiled")
+    raise AssertionError(f"the Hopper tile {defines} compiled")
+
+
+case("cuda_sm90_smem_over_budget_is_a_compile_error", sm90_tile_is_a_compile_error,
+     ["-DFA_SM90_KEYS_256=128"], "FA3 tiles exceed shared memory")
+case("cuda_sm90_registers_over_budget_is_a_compile_error", sm90_tile_is_a_compile_error,
+     ["-DFA_SM90_ROWS_256=192"], "FA3 accumulators exceed the consumer registers")
 
 
 @test

@@ -25,14 +25,14 @@
                kernel parallel over query blocks (no atomics).
      forward   FA3 (Hopper, built for sm_90a, head dims 64 128 256; runtime
                dispatch picks it on compute capability 9.0): persistent CTAs,
-               one per SM, each taking pairs of 128-row tiles. A producer
+               one per SM, each taking pairs of query tiles. A producer
                warpgroup loads Q once per tile and K/V tiles by TMA into a
                ring of shared-memory stages (full/empty mbarriers); two
-               consumer warpgroups of 64 query rows each run S = QK^T (SS
-               wgmma) and O += PV (RS wgmma, P from registers), the QK^T of
-               the next tile overlapping the softmax of this one, and take
-               turns on the tensor cores (ping-pong on named barriers). O
-               leaves through shared memory by TMA store.
+               consumer warpgroups (three at d = 64) of 64 query rows each
+               run S = QK^T (SS wgmma) and O += PV (RS wgmma, P from
+               registers), the QK^T of the next tile overlapping the softmax
+               of this one, and take turns on the tensor cores (ping-pong on
+               named barriers). O leaves through shared memory by TMA store.
 
    COMPILE-TIME OPTIONS
      FA_VARIANT      2 (default) or 1: forward algorithm
@@ -1413,9 +1413,9 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
    Warpgroup 0 produces: it loads Q once and K/V tiles into a ring of STAGES
    shared-memory stages by TMA (k_full/v_full say a stage arrived; each
    consumer warp arrives on k_empty/v_empty when its wgmma no longer reads
-   it). Warpgroups 1 and 2 consume, 64 query rows each. A thread holds rows
-   r and r + 8 (r = 16 * warp + lane / 4) of the S and O accumulators, at
-   columns 8 c + 2 (lane % 4) + {0, 1}: element i of a row-pair array is
+   it). The others (2, or 3 at d = 64) consume, 64 query rows each. A
+   thread holds rows r and r + 8 (r = 16 * warp + lane / 4) of the S and O
+   accumulators, at columns 8 c + 2 (lane % 4) + {0, 1}: element i of a row-pair array is
    column 8 (i / 4) + 2 (lane % 4) + i % 2 of row r + 8 ((i / 2) % 2).
    Shared tiles are [d / 64][rows][64] with the 128-byte swizzle. */
 enum {

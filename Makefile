@@ -45,20 +45,13 @@ $(BUILD)/libflashattn_nothreads_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 $(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_BLOCK_M=32 -DFA_CPU_BLOCK_N=16 -fPIC -shared -o $@ tests/shim.c -lm -pthread
 
-$(BUILD)/libflashattn_cuda_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
-	$(NVCC) $(NVFLAGS) -shared -o $@ tests/shim_cuda.cu
-
-$(BUILD)/libflashattn_cuda_fa2_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
-	$(NVCC) $(NVFLAGS) -DFA_SM90=0 -shared -o $@ tests/shim_cuda.cu
-
-$(BUILD)/libflashattn_cuda_fa1_test.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
-	$(NVCC) $(NVFLAGS) -DFA_VARIANT=1 -shared -o $@ tests/shim_cuda.cu
-
-$(BUILD)/libflashattn_cuda_nooverlap.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
-	$(NVCC) $(NVFLAGS) -DFA_SM90_OVERLAP=0 -shared -o $@ tests/shim_cuda.cu
-
-$(BUILD)/libflashattn_cuda_nopingpong.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
-	$(NVCC) $(NVFLAGS) -DFA_SM90_PINGPONG=0 -shared -o $@ tests/shim_cuda.cu
+# The CUDA test shim in each build the tests and the benchmark compare.
+$(BUILD)/libflashattn_cuda_fa2_test.so: SHIM_FLAGS := -DFA_SM90=0
+$(BUILD)/libflashattn_cuda_fa1_test.so: SHIM_FLAGS := -DFA_VARIANT=1
+$(BUILD)/libflashattn_cuda_nooverlap.so: SHIM_FLAGS := -DFA_SM90_OVERLAP=0
+$(BUILD)/libflashattn_cuda_nopingpong.so: SHIM_FLAGS := -DFA_SM90_PINGPONG=0
+$(BUILD)/libflashattn_cuda_%.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
+	$(NVCC) $(NVFLAGS) $(SHIM_FLAGS) -shared -o $@ tests/shim_cuda.cu
 
 $(BUILD)/cpu_attention: examples/cpu_attention.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -o $@ examples/cpu_attention.c -lm -pthread

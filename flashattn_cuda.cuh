@@ -110,8 +110,10 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #ifndef FA_HEAD_DIM
 #define FA_HEAD_DIM 0
 #endif
-#if FA_HEAD_DIM != 0 && FA_HEAD_DIM != 32 && FA_HEAD_DIM != 64 && FA_HEAD_DIM != 96 && \
-    FA_HEAD_DIM != 128 && FA_HEAD_DIM != 160 && FA_HEAD_DIM != 192 && FA_HEAD_DIM != 256
+/* The GPU head dims, as an X-macro list. */
+#define FA_I_HEAD_DIMS(X) X(32) X(64) X(96) X(128) X(160) X(192) X(256)
+#define FA_I_IS_HEAD_DIM(d) FA_HEAD_DIM == (d) ||
+#if FA_HEAD_DIM != 0 && !(FA_I_HEAD_DIMS(FA_I_IS_HEAD_DIM) 0)
 #error "flashattn: FA_HEAD_DIM must be 0 (all) or one of 32 64 96 128 160 192 256"
 #endif
 #ifndef FA_CUDA_DTYPE
@@ -770,44 +772,32 @@ FA_I_DEFINE_WGMMA_SET(bf16)
 #undef FA_I_DEFINE_WGMMA_RS
 #endif /* FA_I_SM90 && __CUDA_ARCH_FEAT_SM90_ALL */
 
-/* ---- kernels per (head dim, dtype): this file, included again ------------------ */
+/* ---- kernels per (head dim, dtype): this file, included again ------------------
+   Every head dim gets a table fa_i_kernels_<D>, empty where the build leaves
+   it out. */
 
 #define FA_I_PASS 1
-#if FA_I_BUILD_D(32)
 #define FA_I_D 32
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(64)
 #define FA_I_D 64
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(96)
 #define FA_I_D 96
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(128)
 #define FA_I_D 128
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(160)
 #define FA_I_D 160
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(192)
 #define FA_I_D 192
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(256)
 #define FA_I_D 256
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
 #undef FA_I_PASS
 
 /* ---- host side ------------------------------------------------------------------ */
@@ -819,34 +809,20 @@ extern "C" {
 /* The kernels for (head dim, dtype), or NULL when this build has none. */
 static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
 {
-    const fa_i_kernels *sets = NULL; /* [0] f16, [1] bf16 */
-    switch (d) {
-#if FA_I_BUILD_D(32)
-    case 32: sets = fa_i_kernels_32; break;
-#endif
-#if FA_I_BUILD_D(64)
-    case 64: sets = fa_i_kernels_64; break;
-#endif
-#if FA_I_BUILD_D(96)
-    case 96: sets = fa_i_kernels_96; break;
-#endif
-#if FA_I_BUILD_D(128)
-    case 128: sets = fa_i_kernels_128; break;
-#endif
-#if FA_I_BUILD_D(160)
-    case 160: sets = fa_i_kernels_160; break;
-#endif
-#if FA_I_BUILD_D(192)
-    case 192: sets = fa_i_kernels_192; break;
-#endif
-#if FA_I_BUILD_D(256)
-    case 256: sets = fa_i_kernels_256; break;
-#endif
-    default: return NULL;
-    }
+#define FA_I_TABLE_OF(dim) fa_i_kernels_##dim,
+#define FA_I_DIM_OF(dim) dim,
+    static const fa_i_kernels *const tables[] = {FA_I_HEAD_DIMS(FA_I_TABLE_OF)}; /* [0] f16, [1] bf16 */
+    static const int dims[] = {FA_I_HEAD_DIMS(FA_I_DIM_OF)};
+#undef FA_I_TABLE_OF
+#undef FA_I_DIM_OF
+    size_t i;
     if (dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16) return NULL;
-    sets += dtype == FA_DTYPE_BF16;
-    return sets->fwd ? sets : NULL;
+    for (i = 0; i < sizeof dims / sizeof dims[0]; ++i)
+        if (dims[i] == d) {
+            const fa_i_kernels *sets = tables[i] + (dtype == FA_DTYPE_BF16);
+            return sets->fwd ? sets : NULL;
+        }
+    return NULL;
 }
 
 static fa_status fa_i_cuda_error(cudaError_t e, const char *what)
@@ -1124,6 +1100,10 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 /* ======================================================================== */
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
+#define FA_I_NO_KERNELS {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#if !FA_I_BUILD_D(FA_I_D)
+static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
+#else
 #define FA_I_NAME(kind, dt) \
     FA_I_CAT(FA_I_CAT(FA_I_CAT(fa_i_, kind), FA_I_CAT(_, dt)), FA_I_CAT(_d, FA_I_D))
 #ifdef FA_BLOCK_M
@@ -1203,12 +1183,12 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #if FA_CUDA_DTYPE != 2
     FA_I_ENTRY(f16),
 #else
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    FA_I_NO_KERNELS,
 #endif
 #if FA_CUDA_DTYPE != 1
     FA_I_ENTRY(bf16),
 #else
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    FA_I_NO_KERNELS,
 #endif
 };
 #undef FA_I_ENTRY
@@ -1228,6 +1208,8 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_BWDQ_CFG
 #undef FA_I_CFG
 #undef FA_I_NAME
+#endif /* FA_I_BUILD_D(FA_I_D) */
+#undef FA_I_NO_KERNELS
 
 /* ======================================================================== */
 #elif FA_I_PASS == 2

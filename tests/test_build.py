@@ -129,6 +129,63 @@ case("cuda_sm90_registers_over_budget_is_a_compile_error", sm90_tile_is_a_compil
      ["-DFA_SM90_ROWS_256=192"], "FA3 accumulators exceed the consumer registers")
 
 
+LOOKUP = r"""
+#define FLASHATTN_IMPLEMENTATION
+#define FLASHATTN_CUDA_IMPLEMENTATION
+#include "flashattn_cuda.cuh"
+#include <stdio.h>
+/* Prints, per head dim and dtype, whether fa_cuda_supported finds kernels:
+   it looks them up before it asks for a device, so "not in this build"
+   (FA_ERR_UNSUPPORTED) shows without a GPU (else FA_OK or FA_ERR_CUDA). */
+int main(void)
+{
+    static uint16_t buf[64];
+    const int dims[] = {32, 48, 64, 96, 128, 160, 192, 256};
+    int i, t;
+    for (i = 0; i < 8; ++i)
+        for (t = FA_DTYPE_F16; t <= FA_DTYPE_BF16; ++t) {
+            fa_params p = {0};
+            p.batch = p.heads_q = p.seqlen_q = p.seqlen_k = 1;
+            p.head_dim = dims[i];
+            p.dtype = (fa_dtype)t;
+            p.q = p.k = p.v = p.o = buf;
+            printf("%d %d %d\n", dims[i], t,
+                   fa_cuda_supported(&p, FA_PASS_FORWARD) != FA_ERR_UNSUPPORTED);
+        }
+    return 0;
+}
+"""
+
+
+def kernels_found(defines):
+    """{(head dim, dtype): found} from a host program built with defines."""
+    if not shutil.which("nvcc"):
+        raise Skip("nvcc not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "lookup.cu"), os.path.join(tmp, "lookup")
+        with open(src, "w") as f:
+            f.write(LOOKUP)
+        cmd = ["nvcc", "-O0", "-gencode=arch=compute_80,code=compute_80", "-I", ROOT, src,
+               "-o", exe] + list(defines)
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        assert out.returncode == 0, " ".join(cmd) + "\n" + out.stderr[-2000:]
+        run = subprocess.run([exe], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+    return {(int(d), int(t)): bool(int(f)) for d, t, f in map(str.split, run.stdout.split("\n")[:-1])}
+
+
+@test
+def cuda_kernel_lookup_follows_the_build():
+    """Every compiled (head dim, dtype) is found, nothing else; no GPU needed."""
+    all_dims = (32, 64, 96, 128, 160, 192, 256)
+    found = kernels_found(["-DFA_CUDA_DTYPE=0"])
+    for (d, t), f in found.items():
+        assert f == (d in all_dims), f"default build: d={d} dtype={t} found={f}"
+    found = kernels_found(["-DFA_HEAD_DIM=128", "-DFA_CUDA_DTYPE=2"])
+    for (d, t), f in found.items():
+        assert f == (d == 128 and t == 2), f"d=128 bf16 build: d={d} dtype={t} found={f}"
+
+
 @test
 def cuda_bad_tile_is_a_compile_error():
     try:

@@ -110,8 +110,10 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #ifndef FA_HEAD_DIM
 #define FA_HEAD_DIM 0
 #endif
-#if FA_HEAD_DIM != 0 && FA_HEAD_DIM != 32 && FA_HEAD_DIM != 64 && FA_HEAD_DIM != 96 && \
-    FA_HEAD_DIM != 128 && FA_HEAD_DIM != 160 && FA_HEAD_DIM != 192 && FA_HEAD_DIM != 256
+/* The GPU head dims, as an X-macro list. */
+#define FA_I_HEAD_DIMS(X) X(32) X(64) X(96) X(128) X(160) X(192) X(256)
+#define FA_I_IS_HEAD_DIM(d) FA_HEAD_DIM == (d) ||
+#if FA_HEAD_DIM != 0 && !(FA_I_HEAD_DIMS(FA_I_IS_HEAD_DIM) 0)
 #error "flashattn: FA_HEAD_DIM must be 0 (all) or one of 32 64 96 128 160 192 256"
 #endif
 #ifndef FA_CUDA_DTYPE
@@ -770,44 +772,32 @@ FA_I_DEFINE_WGMMA_SET(bf16)
 #undef FA_I_DEFINE_WGMMA_RS
 #endif /* FA_I_SM90 && __CUDA_ARCH_FEAT_SM90_ALL */
 
-/* ---- kernels per (head dim, dtype): this file, included again ------------------ */
+/* ---- kernels per (head dim, dtype): this file, included again ------------------
+   Every head dim gets a table fa_i_kernels_<D>, empty where the build leaves
+   it out. */
 
 #define FA_I_PASS 1
-#if FA_I_BUILD_D(32)
 #define FA_I_D 32
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(64)
 #define FA_I_D 64
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(96)
 #define FA_I_D 96
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(128)
 #define FA_I_D 128
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(160)
 #define FA_I_D 160
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(192)
 #define FA_I_D 192
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
-#if FA_I_BUILD_D(256)
 #define FA_I_D 256
 #include "flashattn_cuda.cuh"
 #undef FA_I_D
-#endif
 #undef FA_I_PASS
 
 /* ---- host side ------------------------------------------------------------------ */
@@ -819,34 +809,20 @@ extern "C" {
 /* The kernels for (head dim, dtype), or NULL when this build has none. */
 static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
 {
-    const fa_i_kernels *sets = NULL; /* [0] f16, [1] bf16 */
-    switch (d) {
-#if FA_I_BUILD_D(32)
-    case 32: sets = fa_i_kernels_32; break;
-#endif
-#if FA_I_BUILD_D(64)
-    case 64: sets = fa_i_kernels_64; break;
-#endif
-#if FA_I_BUILD_D(96)
-    case 96: sets = fa_i_kernels_96; break;
-#endif
-#if FA_I_BUILD_D(128)
-    case 128: sets = fa_i_kernels_128; break;
-#endif
-#if FA_I_BUILD_D(160)
-    case 160: sets = fa_i_kernels_160; break;
-#endif
-#if FA_I_BUILD_D(192)
-    case 192: sets = fa_i_kernels_192; break;
-#endif
-#if FA_I_BUILD_D(256)
-    case 256: sets = fa_i_kernels_256; break;
-#endif
-    default: return NULL;
-    }
+#define FA_I_TABLE_OF(dim) fa_i_kernels_##dim,
+#define FA_I_DIM_OF(dim) dim,
+    static const fa_i_kernels *const tables[] = {FA_I_HEAD_DIMS(FA_I_TABLE_OF)}; /* [0] f16, [1] bf16 */
+    static const int dims[] = {FA_I_HEAD_DIMS(FA_I_DIM_OF)};
+#undef FA_I_TABLE_OF
+#undef FA_I_DIM_OF
+    size_t i;
     if (dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16) return NULL;
-    sets += dtype == FA_DTYPE_BF16;
-    return sets->fwd ? sets : NULL;
+    for (i = 0; i < sizeof dims / sizeof dims[0]; ++i)
+        if (dims[i] == d) {
+            const fa_i_kernels *sets = tables[i] + (dtype == FA_DTYPE_BF16);
+            return sets->fwd ? sets : NULL;
+        }
+    return NULL;
 }
 
 static fa_status fa_i_cuda_error(cudaError_t e, const char *what)
@@ -859,12 +835,34 @@ static int fa_i_aligned(const void *ptr, const fa_layout *l)
     return ((uintptr_t)ptr % 16 == 0) && l->batch % 8 == 0 && l->head % 8 == 0 && l->seq % 8 == 0;
 }
 
-/* Validates for the GPU: resolved params, kernels, device and alignment. */
+/* What the launchers need to know of the current device. */
+typedef struct fa_i_device {
+    int major, minor; /* compute capability */
+    int smem_optin;   /* shared memory a block may opt in to, bytes */
+    int sms;          /* multiprocessors */
+} fa_i_device;
+
+static cudaError_t fa_i_device_facts(fa_i_device *d)
+{
+    int dev;
+    cudaError_t e;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&d->major, cudaDevAttrComputeCapabilityMajor, dev)) !=
+            cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&d->minor, cudaDevAttrComputeCapabilityMinor, dev)) !=
+            cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    dev)) != cudaSuccess)
+        return e;
+    return cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev);
+}
+
+/* Validates for the GPU: resolved params, kernels, device and alignment;
+   *device gets the current device's facts. */
 static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_params *p,
-                                 const fa_i_kernels **kernels)
+                                 const fa_i_kernels **kernels, fa_i_device *device)
 {
     fa_status s = fa_params_resolve(params, pass, p);
-    int dev, major, smem_optin;
     size_t need;
     cudaError_t e;
     if (s != FA_OK) return s;
@@ -885,22 +883,17 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "GPU rows must be 16-byte aligned: pointers 16-byte aligned and "
                          "strides multiples of 8 elements");
-    if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fa_i_cuda_error(e, "cudaGetDevice");
-    if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) !=
-        cudaSuccess)
-        return fa_i_cuda_error(e, "cudaDeviceGetAttribute");
-    if (major < 8)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "compute capability %d.x < 8.0", major);
-    if ((e = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                    dev)) != cudaSuccess)
-        return fa_i_cuda_error(e, "cudaDeviceGetAttribute");
+    if ((e = fa_i_device_facts(device)) != cudaSuccess)
+        return fa_i_cuda_error(e, "querying the current device");
+    if (device->major < 8)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "compute capability %d.x < 8.0", device->major);
     need = pass == FA_PASS_FORWARD ? (*kernels)->fwd_smem
            : (*kernels)->bwd_smem > (*kernels)->bwd_q_smem ? (*kernels)->bwd_smem
                                                            : (*kernels)->bwd_q_smem;
-    if ((size_t)smem_optin < need)
+    if ((size_t)device->smem_optin < need)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "these kernels need %zu bytes of shared memory, the device allows %d",
-                         need, smem_optin);
+                         need, device->smem_optin);
     return FA_OK;
 }
 
@@ -951,30 +944,25 @@ static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, c
 
 /* Whether the Hopper forward runs p: this build has it for p's head dim and
    dtype, compiled for sm_90a (only that body has static shared memory), the
-   device is compute capability 9.0 with room for its tiles, and every tensor
-   gets a tensor map. Otherwise the FA2 kernel runs. *ctas: the persistent
-   grid, one CTA per SM or per pair of tiles, whichever is fewer. */
-static int fa_i_sm90_ready(const fa_params *p, const fa_i_kernels *k, fa_i_tma_maps *maps,
-                           int *ctas)
+   device (facts from fa_i_cuda_check) is compute capability 9.0 with room
+   for its tiles, and every tensor gets a tensor map. Otherwise the FA2
+   kernel runs. *ctas: the persistent grid, one CTA per SM or per pair of
+   tiles, whichever is fewer. */
+static int fa_i_sm90_ready(const fa_params *p, const fa_i_kernels *k, const fa_i_device *dev,
+                           fa_i_tma_maps *maps, int *ctas)
 {
     struct cudaFuncAttributes attr;
-    int dev, major, minor, smem_optin, sms;
     int64_t pairs;
-    if (!k->fwd_sm90) return 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-            cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&attr, k->fwd_sm90) != cudaSuccess) {
+    if (!k->fwd_sm90 || dev->major != 9 || dev->minor != 0 ||
+        (size_t)dev->smem_optin < k->sm90_smem)
+        return 0;
+    if (cudaFuncGetAttributes(&attr, k->fwd_sm90) != cudaSuccess) {
         cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
         return 0;
     }
     pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->sm90_rows) * p->heads_q * p->batch + 1) / 2;
-    *ctas = pairs < sms ? (int)pairs : sms;
-    return major == 9 && minor == 0 && (size_t)smem_optin >= k->sm90_smem &&
-           attr.sharedSizeBytes > 0 &&
+    *ctas = pairs < dev->sms ? (int)pairs : dev->sms;
+    return attr.sharedSizeBytes > 0 &&
            fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->sm90_rows) &&
            fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->sm90_keys) &&
            fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->sm90_keys) &&
@@ -988,7 +976,34 @@ FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
 {
     fa_params p;
     const fa_i_kernels *k = NULL;
-    return fa_i_cuda_check(params, pass, &p, &k);
+    fa_i_device dev;
+    return fa_i_cuda_check(params, pass, &p, &k, &dev);
+}
+
+/* A validated forward and the kernel that runs it. */
+typedef struct fa_i_forward_plan {
+    fa_params p; /* resolved */
+    const fa_i_kernels *k;
+    int algorithm; /* 1 FA1, 2 FA2, 3 FA3 */
+#if FA_I_SM90
+    fa_i_tma_maps maps; /* FA3 only */
+    int ctas;
+#endif
+} fa_i_forward_plan;
+
+static fa_status fa_i_plan_forward(const fa_params *params, fa_i_forward_plan *plan)
+{
+    fa_i_device dev;
+    fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, &plan->p, &plan->k, &dev);
+    if (s != FA_OK) return s;
+#if FA_VARIANT == 1
+    plan->algorithm = 1;
+#elif FA_I_SM90
+    plan->algorithm = fa_i_sm90_ready(&plan->p, plan->k, &dev, &plan->maps, &plan->ctas) ? 3 : 2;
+#else
+    plan->algorithm = 2;
+#endif
+    return FA_OK;
 }
 
 FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
@@ -1005,52 +1020,36 @@ FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
 FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_t workspace_size,
                                  cudaStream_t stream)
 {
-    fa_params p;
-    const fa_i_kernels *k = NULL;
-    fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, &p, &k);
+    fa_i_forward_plan plan;
+    const fa_params *p = &plan.p;
+    fa_status s = fa_i_plan_forward(params, &plan);
     if (s != FA_OK) return s;
 #if FA_VARIANT == 1
     {
-        const size_t need = fa_cuda_forward_workspace_size(&p);
-        const size_t smem = sizeof(float) * FA_I_FA1_KEYS * (2 * p.head_dim + FA_I_FA1_THREADS);
+        const size_t need = fa_cuda_forward_workspace_size(p);
+        const size_t smem = sizeof(float) * FA_I_FA1_KEYS * (2 * p->head_dim + FA_I_FA1_THREADS);
         if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
             return fa_i_fail(FA_ERR_WORKSPACE, "FA1 needs %zu bytes, 16-byte aligned", need);
-        return fa_i_launch((const void *)fa_i_fwd_fa1, dim3(p.batch * p.heads_q),
-                           FA_I_FA1_THREADS, smem, stream, &p, &workspace);
+        return fa_i_launch((const void *)fa_i_fwd_fa1, dim3(p->batch * p->heads_q),
+                           FA_I_FA1_THREADS, smem, stream, p, &workspace);
     }
 #else
-    (void)workspace;
     (void)workspace_size;
-    {
 #if FA_I_SM90
-        fa_i_tma_maps maps;
-        int ctas;
-        if (fa_i_sm90_ready(&p, k, &maps, &ctas))
-            return fa_i_launch(k->fwd_sm90, dim3(ctas), 128 * (k->sm90_rows / 64 + 1),
-                               k->sm90_smem, stream, &p, &maps);
+    if (plan.algorithm == 3)
+        return fa_i_launch(plan.k->fwd_sm90, dim3(plan.ctas), 128 * (plan.k->sm90_rows / 64 + 1),
+                           plan.k->sm90_smem, stream, p, &plan.maps);
 #endif
-        return fa_i_launch(k->fwd, dim3(fa_i_blocks(p.seqlen_q, k->fwd_rows), p.heads_q, p.batch),
-                           k->fwd_threads, k->fwd_smem, stream, &p, &workspace);
-    }
+    return fa_i_launch(plan.k->fwd,
+                       dim3(fa_i_blocks(p->seqlen_q, plan.k->fwd_rows), p->heads_q, p->batch),
+                       plan.k->fwd_threads, plan.k->fwd_smem, stream, p, &workspace);
 #endif
 }
 
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)
 {
-    fa_params p;
-    const fa_i_kernels *k = NULL;
-    if (fa_i_cuda_check(params, FA_PASS_FORWARD, &p, &k) != FA_OK) return 0;
-#if FA_VARIANT == 1
-    return 1;
-#elif FA_I_SM90
-    {
-        fa_i_tma_maps maps;
-        int ctas;
-        return fa_i_sm90_ready(&p, k, &maps, &ctas) ? 3 : 2;
-    }
-#else
-    return 2;
-#endif
+    fa_i_forward_plan plan;
+    return fa_i_plan_forward(params, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
 FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
@@ -1068,7 +1067,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     fa_params p;
     const fa_i_kernels *k = NULL;
     fa_i_bwd_args a;
-    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &p, &k);
+    fa_i_device dev;
+    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &p, &k, &dev);
     const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;
     size_t need;
     if (s != FA_OK) return s;
@@ -1100,6 +1100,10 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 /* ======================================================================== */
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
+#define FA_I_NO_KERNELS {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#if !FA_I_BUILD_D(FA_I_D)
+static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
+#else
 #define FA_I_NAME(kind, dt) \
     FA_I_CAT(FA_I_CAT(FA_I_CAT(fa_i_, kind), FA_I_CAT(_, dt)), FA_I_CAT(_d, FA_I_D))
 #ifdef FA_BLOCK_M
@@ -1179,12 +1183,12 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #if FA_CUDA_DTYPE != 2
     FA_I_ENTRY(f16),
 #else
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    FA_I_NO_KERNELS,
 #endif
 #if FA_CUDA_DTYPE != 1
     FA_I_ENTRY(bf16),
 #else
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    FA_I_NO_KERNELS,
 #endif
 };
 #undef FA_I_ENTRY
@@ -1204,6 +1208,8 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_BWDQ_CFG
 #undef FA_I_CFG
 #undef FA_I_NAME
+#endif /* FA_I_BUILD_D(FA_I_D) */
+#undef FA_I_NO_KERNELS
 
 /* ======================================================================== */
 #elif FA_I_PASS == 2

@@ -240,6 +240,13 @@ static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 *
 /* Bytes of the largest dynamic shared memory any kernel here may ask for. */
 #define FA_I_SMEM_MAX (163 * 1024)
 
+/* One FA3 forward kernel: its tile (query rows, keys) and shared memory. */
+typedef struct fa_i_sm90_kernel {
+    const void *fwd;
+    int rows, keys;
+    size_t smem;
+} fa_i_sm90_kernel;
+
 /* One compiled (dtype, head dim): kernels with their launch shapes. */
 typedef struct fa_i_kernels {
     const void *fwd;
@@ -251,9 +258,7 @@ typedef struct fa_i_kernels {
     const void *bwd_q;
     int bwd_q_rows, bwd_q_threads;
     size_t bwd_q_smem;
-    const void *fwd_sm90; /* Hopper forward, NULL where this head dim has none */
-    int sm90_rows, sm90_keys;
-    size_t sm90_smem;
+    fa_i_sm90_kernel sm90[2]; /* Hopper forward tiles ([1] optional), NULL fwd: none */
 } fa_i_kernels;
 
 #if FA_I_SM90
@@ -942,30 +947,39 @@ static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, c
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* The FA3 tile for p: variant 1 (where compiled) for causal problems with
+   fewer than FA_I_SM90_ALT_BELOW queries, where the default tile's extra rows
+   cost more in diagonal waste than they gain (measured: bench/NOTES.md). */
+#define FA_I_SM90_ALT_BELOW 4096
+static const fa_i_sm90_kernel *fa_i_sm90_pick(const fa_params *p, const fa_i_kernels *k)
+{
+    return k->sm90[1].fwd && p->causal && p->seqlen_q < FA_I_SM90_ALT_BELOW ? &k->sm90[1]
+                                                                             : &k->sm90[0];
+}
+
 /* Whether the Hopper forward runs p: this build has it for p's head dim and
    dtype, compiled for sm_90a (only that body has static shared memory), the
    device (facts from fa_i_cuda_check) is compute capability 9.0 with room
    for its tiles, and every tensor gets a tensor map. Otherwise the FA2
    kernel runs. *ctas: the persistent grid, one CTA per SM or per pair of
    tiles, whichever is fewer. */
-static int fa_i_sm90_ready(const fa_params *p, const fa_i_kernels *k, const fa_i_device *dev,
+static int fa_i_sm90_ready(const fa_params *p, const fa_i_sm90_kernel *k, const fa_i_device *dev,
                            fa_i_tma_maps *maps, int *ctas)
 {
     struct cudaFuncAttributes attr;
     int64_t pairs;
-    if (!k->fwd_sm90 || dev->major != 9 || dev->minor != 0 ||
-        (size_t)dev->smem_optin < k->sm90_smem)
+    if (!k->fwd || dev->major != 9 || dev->minor != 0 || (size_t)dev->smem_optin < k->smem)
         return 0;
-    if (cudaFuncGetAttributes(&attr, k->fwd_sm90) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, k->fwd) != cudaSuccess) {
         cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
         return 0;
     }
-    pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->sm90_rows) * p->heads_q * p->batch + 1) / 2;
+    pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->rows) * p->heads_q * p->batch + 1) / 2;
     *ctas = pairs < dev->sms ? (int)pairs : dev->sms;
     return attr.sharedSizeBytes > 0 &&
-           fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->sm90_rows) &&
-           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->sm90_keys) &&
-           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->sm90_keys) &&
+           fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->rows) &&
+           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
+           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
            fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->seqlen_q, p->heads_q, 64);
 }
 #endif
@@ -986,7 +1000,8 @@ typedef struct fa_i_forward_plan {
     const fa_i_kernels *k;
     int algorithm; /* 1 FA1, 2 FA2, 3 FA3 */
 #if FA_I_SM90
-    fa_i_tma_maps maps; /* FA3 only */
+    const fa_i_sm90_kernel *fa3; /* FA3 only: the tile variant, its maps and grid */
+    fa_i_tma_maps maps;
     int ctas;
 #endif
 } fa_i_forward_plan;
@@ -999,7 +1014,8 @@ static fa_status fa_i_plan_forward(const fa_params *params, fa_i_forward_plan *p
 #if FA_VARIANT == 1
     plan->algorithm = 1;
 #elif FA_I_SM90
-    plan->algorithm = fa_i_sm90_ready(&plan->p, plan->k, &dev, &plan->maps, &plan->ctas) ? 3 : 2;
+    plan->fa3 = fa_i_sm90_pick(&plan->p, plan->k);
+    plan->algorithm = fa_i_sm90_ready(&plan->p, plan->fa3, &dev, &plan->maps, &plan->ctas) ? 3 : 2;
 #else
     plan->algorithm = 2;
 #endif
@@ -1037,8 +1053,8 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
     (void)workspace_size;
 #if FA_I_SM90
     if (plan.algorithm == 3)
-        return fa_i_launch(plan.k->fwd_sm90, dim3(plan.ctas), 128 * (plan.k->sm90_rows / 64 + 1),
-                           plan.k->sm90_smem, stream, p, &plan.maps);
+        return fa_i_launch(plan.fa3->fwd, dim3(plan.ctas), 128 * (plan.fa3->rows / 64 + 1),
+                           plan.fa3->smem, stream, p, &plan.maps);
 #endif
     return fa_i_launch(plan.k->fwd,
                        dim3(fa_i_blocks(p->seqlen_q, plan.k->fwd_rows), p->heads_q, p->batch),
@@ -1100,7 +1116,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 /* ======================================================================== */
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
-#define FA_I_NO_KERNELS {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#define FA_I_NO_KERNELS {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}}
 #if !FA_I_BUILD_D(FA_I_D)
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
 #else
@@ -1126,32 +1142,47 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_SM90 1
-#define FA_I_SM90_CFG (FA_I_CAT(FA_I_SM90_, FA_I_D))
-/* Q, the K/V ring and the 1 KB alignment slack; O's own buffer where it fits. */
-#define FA_I_SM90_SMEM_QKV                                                                     \
-    (2 * FA_I_D * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) +                                       \
-                   2 * FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) * FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD)) + \
+/* Tile variant 0 serves every problem; variant 1, where a head dim has one,
+   the causal problems with Nq < FA_I_SM90_ALT_BELOW (fa_i_sm90_pick). */
+#define FA_I_SM90_CFG_0 (FA_I_CAT(FA_I_SM90_, FA_I_D))
+#if FA_I_D == 64 && FA_SM90_ROWS_64 == 192
+#define FA_I_SM90_CFG_1 (128, FA_SM90_KEYS_64, FA_SM90_STAGES_64)
+#endif
+/* Shared memory: Q, the K/V ring and the 1 KB alignment slack; O's own buffer
+   where it fits. */
+#define FA_I_SM90_SMEM_QKV(cfg)                                                                \
+    (2 * FA_I_D * (FA_I_CFG(cfg, FA_I_FIRST) + 2 * FA_I_CFG(cfg, FA_I_SECOND) * FA_I_CFG(cfg, FA_I_THIRD)) + \
      1024)
-#define FA_I_SM90_O_APART \
-    (FA_I_SM90_SMEM_QKV + 2 * FA_I_D * FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) <= FA_I_SM90_SMEM_MAX)
-#define FA_I_SM90_SMEM \
-    (FA_I_SM90_SMEM_QKV + (FA_I_SM90_O_APART ? 2 * FA_I_D * FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) : 0))
-static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 128 || FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) == 192,
-              "flashattn: FA3 CTAs have 2 or 3 consumer warpgroups of 64 rows");
-static_assert(FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) % 16 == 0 &&
-                  FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) >= 64 &&
-                  FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) <= 192,
-              "flashattn: FA3 key tile must be a multiple of 16 in 64..192");
-static_assert(FA_I_SM90_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 tiles exceed shared memory");
-/* O (d/2), S (keys/2) and P (keys/4) per consumer thread, plus ~24 for the rest. */
-static_assert(FA_I_D / 2 + 3 * FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND) / 4 + 24 <=
-                  FA_I_SM90_CONSUMER_REGS(FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) / 64),
-              "flashattn: FA3 accumulators exceed the consumer registers (fewer rows or keys)");
-#define FA_I_SM90_ENTRY(dt) (const void *)FA_I_NAME(fwd_sm90, dt), FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST), \
-    FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND), FA_I_SM90_SMEM
+#define FA_I_SM90_O_APART_OF(cfg) \
+    (FA_I_SM90_SMEM_QKV(cfg) + 2 * FA_I_D * FA_I_CFG(cfg, FA_I_FIRST) <= FA_I_SM90_SMEM_MAX)
+#define FA_I_SM90_SMEM(cfg) \
+    (FA_I_SM90_SMEM_QKV(cfg) + (FA_I_SM90_O_APART_OF(cfg) ? 2 * FA_I_D * FA_I_CFG(cfg, FA_I_FIRST) : 0))
+#define FA_I_SM90_CHECK(cfg)                                                                   \
+    static_assert(FA_I_CFG(cfg, FA_I_FIRST) == 128 || FA_I_CFG(cfg, FA_I_FIRST) == 192,        \
+                  "flashattn: FA3 CTAs have 2 or 3 consumer warpgroups of 64 rows");          \
+    static_assert(FA_I_CFG(cfg, FA_I_SECOND) % 16 == 0 && FA_I_CFG(cfg, FA_I_SECOND) >= 64 &&  \
+                      FA_I_CFG(cfg, FA_I_SECOND) <= 192,                                      \
+                  "flashattn: FA3 key tile must be a multiple of 16 in 64..192");             \
+    static_assert(FA_I_SM90_SMEM(cfg) <= FA_I_SM90_SMEM_MAX,                                  \
+                  "flashattn: FA3 tiles exceed shared memory");                               \
+    /* O (d/2), S (keys/2) and P (keys/4) per consumer thread, plus ~24 for the rest */     \
+    static_assert(FA_I_D / 2 + 3 * FA_I_CFG(cfg, FA_I_SECOND) / 4 + 24 <=                     \
+                      FA_I_SM90_CONSUMER_REGS(FA_I_CFG(cfg, FA_I_FIRST) / 64),                \
+                  "flashattn: FA3 accumulators exceed the consumer registers (fewer rows or keys)")
+FA_I_SM90_CHECK(FA_I_SM90_CFG_0);
+#define FA_I_SM90_ENTRY(dt, v, cfg)                                                            \
+    {(const void *)FA_I_NAME(fwd_sm90, FA_I_CAT(dt, v)), FA_I_CFG(cfg, FA_I_FIRST),           \
+     FA_I_CFG(cfg, FA_I_SECOND), FA_I_SM90_SMEM(cfg)}
+#ifdef FA_I_SM90_CFG_1
+FA_I_SM90_CHECK(FA_I_SM90_CFG_1);
+#define FA_I_SM90_ENTRIES(dt) \
+    {FA_I_SM90_ENTRY(dt, _0, FA_I_SM90_CFG_0), FA_I_SM90_ENTRY(dt, _1, FA_I_SM90_CFG_1)}
+#else
+#define FA_I_SM90_ENTRIES(dt) {FA_I_SM90_ENTRY(dt, _0, FA_I_SM90_CFG_0), {0, 0, 0, 0}}
+#endif
 #else
 #define FA_I_HAS_SM90 0
-#define FA_I_SM90_ENTRY(dt) NULL, 0, 0, 0
+#define FA_I_SM90_ENTRIES(dt) {{0, 0, 0, 0}, {0, 0, 0, 0}}
 #endif
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
 static_assert(FA_I_BWD_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
@@ -1178,7 +1209,7 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
      (const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST),                 \
      2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) * FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD),             \
      FA_I_BWD_SMEM, (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),   \
-     32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRY(dt)}
+     32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt)}
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #if FA_CUDA_DTYPE != 2
     FA_I_ENTRY(f16),
@@ -1192,13 +1223,18 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #endif
 };
 #undef FA_I_ENTRY
-#undef FA_I_SM90_ENTRY
+#undef FA_I_SM90_ENTRIES
 #undef FA_I_HAS_SM90
-#ifdef FA_I_SM90_CFG
-#undef FA_I_SM90_CFG
+#ifdef FA_I_SM90_CFG_0
+#undef FA_I_SM90_CFG_0
+#undef FA_I_SM90_ENTRY
+#undef FA_I_SM90_CHECK
 #undef FA_I_SM90_SMEM
 #undef FA_I_SM90_SMEM_QKV
-#undef FA_I_SM90_O_APART
+#undef FA_I_SM90_O_APART_OF
+#endif
+#ifdef FA_I_SM90_CFG_1
+#undef FA_I_SM90_CFG_1
 #endif
 #undef FA_I_FWD_SMEM
 #undef FA_I_BWD_SMEM
@@ -1414,345 +1450,24 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     }
 }
 
-#if FA_I_HAS_SM90
-/* ---- forward (FA3, Hopper) ---------------------------------------------------
-   Warpgroup 0 produces: it loads Q once and K/V tiles into a ring of STAGES
-   shared-memory stages by TMA (k_full/v_full say a stage arrived; each
-   consumer warp arrives on k_empty/v_empty when its wgmma no longer reads
-   it). The others (2, or 3 at d = 64) consume, 64 query rows each. A
-   thread holds rows r and r + 8 (r = 16 * warp + lane / 4) of the S and O
-   accumulators, at columns 8 c + 2 (lane % 4) + {0, 1}: element i of a row-pair array is
-   column 8 (i / 4) + 2 (lane % 4) + i % 2 of row r + 8 ((i / 2) % 2).
-   Shared tiles are [d / 64][rows][64] with the 128-byte swizzle. */
-enum {
-    FA_I_NAME(sm90_bm, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST),
-    FA_I_NAME(sm90_bn, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND),
-    FA_I_NAME(sm90_stages, FA_I_DT) = FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD),
-    FA_I_NAME(sm90_o_apart, FA_I_DT) = FA_I_SM90_O_APART
-};
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA_I_SM90_BN FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND)
-#define FA_I_WGMMA_QK FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), FA_I_CAT(_n, FA_I_SM90_BN))
-#define FA_I_WGMMA_PV FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D))
-
-/* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). */
-static __device__ __forceinline__ void FA_I_NAME(sm90_qk, FA_I_DT)(float *s, uint32_t sq,
-                                                                   uint32_t sk)
-{
-    enum { BM = FA_I_NAME(sm90_bm, FA_I_DT), BN = FA_I_SM90_BN };
-    const uint64_t qd = fa_i_wgmma_desc(sq, 16, 1024), kd = fa_i_wgmma_desc(sk, 16, 1024);
-    int k;
-    fa_i_wgmma_fence();
-#pragma unroll
-    for (k = 0; k < FA_I_D / 16; ++k) /* 64-column chunk k / 4, 32 bytes per k16 step */
-        FA_I_WGMMA_QK(s, fa_i_desc_add(qd, (k >> 2) * BM * 128 + (k & 3) * 32),
-                      fa_i_desc_add(kd, (k >> 2) * BN * 128 + (k & 3) * 32), k > 0);
-    fa_i_wgmma_commit();
-}
-
-/* Issues O += P V with P (16-bit pairs) in registers (one commit group). */
-static __device__ __forceinline__ void FA_I_NAME(sm90_pv, FA_I_DT)(float *o, const uint32_t *pr,
-                                                                   uint32_t sv)
-{
-    enum { BN = FA_I_SM90_BN };
-    const uint64_t vd = fa_i_wgmma_desc(sv, BN * 128, 1024);
-    int k;
-    fa_i_wgmma_fence();
-#pragma unroll
-    for (k = 0; k < BN / 16; ++k) /* 16 keys = 16 rows of 128 bytes per step */
-        FA_I_WGMMA_PV(o, pr + 4 * k, fa_i_desc_add(vd, k * 2048));
-    fa_i_wgmma_commit();
-}
-
-/* Online softmax of one S tile (keys c0...): softcap, mask, running max and
-   sum; S becomes P = 2^(score - max) in place; alpha gets each row's
-   rescale factor for O. */
-static __device__ __forceinline__ void FA_I_NAME(sm90_softmax, FA_I_DT)(
-    const fa_params *p, float *s, int c0, int masked, const int *lo, const int *hi,
-    float log2_scale, float *m_run, float *l_run, float *alpha)
-{
-    enum { BN = FA_I_SM90_BN };
-    const int lane = threadIdx.x & 31;
-    int i, half;
-    if (p->softcap > 0.0f)
-#pragma unroll
-        for (i = 0; i < BN / 2; ++i) s[i] = fa_i_score(p, s[i]);
-    if (masked)
-#pragma unroll
-        for (i = 0; i < BN / 2; ++i) {
-            const int col = c0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
-            if (col < lo[r] || col >= hi[r]) s[i] = -INFINITY;
-        }
-#pragma unroll
-    for (half = 0; half < 2; ++half) {
-        float mx = -INFINITY, ref, sum = 0.0f;
-#pragma unroll
-        for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(m_run[half], mx * log2_scale);
-        ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
-        alpha[half] = fa_i_dev_exp2(m_run[half] - ref);
-        m_run[half] = mx;
-#pragma unroll
-        for (i = 0; i < BN / 8; ++i) {
-            float *e = s + 4 * i + 2 * half;
-            e[0] = fa_i_dev_exp2(fmaf(e[0], log2_scale, -ref));
-            e[1] = fa_i_dev_exp2(fmaf(e[1], log2_scale, -ref));
-            sum += e[0] + e[1];
-        }
-        l_run[half] = l_run[half] * alpha[half] + sum;
-    }
-}
-
-/* O *= alpha per row; P to 16-bit pairs in the A-fragment order of the RS
-   wgmma, which is the accumulator order: k16 slice k takes S[8k .. 8k + 7]. */
-static __device__ __forceinline__ void FA_I_NAME(sm90_rescale_pack, FA_I_DT)(float *o, const float *s,
-                                                                             uint32_t *pr,
-                                                                             const float *alpha)
-{
-    enum { BN = FA_I_SM90_BN };
-    int i;
-#pragma unroll
-    for (i = 0; i < FA_I_D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-    for (i = 0; i < BN / 4; ++i) pr[i] = FA_I_PACK(s[2 * i], s[2 * i + 1]);
-}
-
-#undef FA_I_WGMMA_QK
-#undef FA_I_WGMMA_PV
-#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
-
-static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) / 64 + 1), 1)
-    FA_I_NAME(fwd_sm90, FA_I_DT)(const fa_params p, const __grid_constant__ fa_i_tma_maps maps)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    enum {
-        D = FA_I_D, BM = FA_I_NAME(sm90_bm, FA_I_DT), BN = FA_I_SM90_BN,
-        STAGES = FA_I_NAME(sm90_stages, FA_I_DT), CHUNKS = D / 64, TILE = BN * D * 2,
-        NC = BM / 64, /* consumer warpgroups */
-        /* O gets its own buffer where it fits, so the next tile's Q can load
-           during this one's epilogue; otherwise O goes over Q. */
-        O_APART = FA_I_NAME(sm90_o_apart, FA_I_DT)
-    };
-    /* Barriers: q_full, q_empty, then k_full, v_full, k_empty, v_empty per
-       stage. Only this sm_90a body has static shared memory: the host reads
-       that to tell it from the stub other targets compile. */
-    __shared__ __align__(8) uint64_t bars[2 + 4 * STAGES];
-    extern __shared__ uint4 fa_i_smem[];
-    const uint32_t sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */
-    const uint32_t sk = sq + BM * D * 2, sv = sk + STAGES * TILE;
-    const uint32_t so = O_APART ? sv + STAGES * TILE : sq;
-    const uint32_t q_full = fa_i_smem_addr(bars), q_empty = q_full + 8, k_full = q_empty + 8;
-    const uint32_t v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
-    const uint32_t v_empty = k_empty + 8 * STAGES;
-    const int tid = threadIdx.x, blocks_m = (p.seqlen_q + BM - 1) / BM;
-    int i;
-    if (tid == 0) {
-        fa_i_mbar_init(q_full, 1);
-        fa_i_mbar_init(q_empty, 4 * NC); /* every consumer warp */
-        for (i = 0; i < STAGES; ++i) {
-            fa_i_mbar_init(k_full + 8 * i, 1);
-            fa_i_mbar_init(v_full + 8 * i, 1);
-            fa_i_mbar_init(k_empty + 8 * i, 4 * NC);
-            fa_i_mbar_init(v_empty + 8 * i, 4 * NC);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (tid < 128) { /* producer warpgroup: one thread issues every copy */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS(NC)));
-        if (tid == 0) {
-            int64_t k;
-            int it = 0, mb, h, b;
-            fa_i_tma_prefetch(&maps.k);
-            fa_i_tma_prefetch(&maps.v);
-            fa_i_tma_prefetch(&maps.o);
-            for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
-                const int hk = h / (p.heads_q / p.heads_kv);
-                int first_lo, last_hi, n, c;
-                fa_i_rows_key_span(&p, mb * BM, min(mb * BM + BM, p.seqlen_q), &first_lo,
-                                   &last_hi);
-                fa_i_mbar_wait(q_empty, (uint32_t)(k & 1) ^ 1); /* fresh barrier: passes */
-                fa_i_mbar_expect_tx(q_full, BM * D * 2);
-                for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(sq + c * BM * 128, &maps.q, 64 * c, mb * BM, h, b, q_full);
-                /* key tiles no row of this tile sees are never loaded */
-                for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
-                    const int st = it % STAGES;
-                    const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
-                    fa_i_mbar_wait(k_empty + 8 * st, free_parity);
-                    fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
-                    for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c, n * BN, hk,
-                                      b, k_full + 8 * st);
-                    fa_i_mbar_wait(v_empty + 8 * st, free_parity);
-                    fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
-                    for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk,
-                                      b, v_full + 8 * st);
-                }
-            }
-        }
-    } else { /* consumer warpgroups */
-        const int cw = tid / 128 - 1, t = tid % 128, lane = t & 31, warp = t >> 5;
-        const uint32_t sq_wg = sq + cw * 64 * 128, so_wg = so + cw * 64 * 128;
-        const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-        float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
-        uint32_t pr[BN / 4];
-        int64_t k;
-        int it = 0, mb, h, b;
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS(NC)));
-#pragma unroll
-        for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-#if FA_SM90_PINGPONG
-        if (cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
+#if FA_I_HAS_SM90 /* the FA3 forward per tile variant: pass 3 */
+#undef FA_I_PASS
+#define FA_I_PASS 3
+#define FA_I_SV _0
+#define FA_I_SM90_CFG FA_I_SM90_CFG_0
+#include "flashattn_cuda.cuh"
+#undef FA_I_SV
+#undef FA_I_SM90_CFG
+#ifdef FA_I_SM90_CFG_1
+#define FA_I_SV _1
+#define FA_I_SM90_CFG FA_I_SM90_CFG_1
+#include "flashattn_cuda.cuh"
+#undef FA_I_SV
+#undef FA_I_SM90_CFG
 #endif
-        for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
-            const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q);
-            const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
-            int lo[2], hi[2], first_lo, last_hi, n, n_first, n_end;
-            fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
-            n_first = first_lo / BN;
-            n_end = (last_hi + BN - 1) / BN;
-#pragma unroll
-            for (i = 0; i < 2; ++i) {
-                m_run[i] = -INFINITY;
-                l_run[i] = 0.0f;
-                fa_i_key_range(&p, row + 8 * i, &lo[i], &hi[i]);
-            }
-#pragma unroll
-            for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
-            fa_i_mbar_wait(q_full, (uint32_t)(k & 1));
-#define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
-#define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
-#define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, last, (n) * BN, (n) * BN + BN) != 2)
-#if FA_SM90_OVERLAP
-            /* Tile n's S is issued together with tile n-1's PV: the softmax
-               of n runs while PV(n-1) is on the tensor cores. */
-            if (n_first < n_end) {
-                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n_first), FA_I_PARITY(n_first));
-                fa_i_sm90_turn_begin(cw);
-                FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n_first) * TILE);
-                fa_i_sm90_turn_end(cw, NC);
-                FA_I_WGMMA_WAIT(0);
-                fa_i_fence_f32(s, BN / 2);
-                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n_first));
-                FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n_first * BN, FA_I_MASKED(n_first), lo,
-                                                 hi, log2_scale, m_run, l_run, alpha);
-                FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
-                for (n = n_first + 1; n < n_end; ++n) {
-                    fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
-                    fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n - 1), FA_I_PARITY(n - 1));
-                    fa_i_sm90_turn_begin(cw);
-                    FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
-                    FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
-                    fa_i_sm90_turn_end(cw, NC);
-                    FA_I_WGMMA_WAIT(1);
-                    fa_i_fence_f32(s, BN / 2);
-                    if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
-                    FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
-                                                     log2_scale, m_run, l_run, alpha);
-                    FA_I_WGMMA_WAIT(0);
-                    fa_i_fence_f32(o, D / 2);
-                    fa_i_fence_u32(pr, BN / 4);
-                    if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
-                    FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
-                }
-                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
-                fa_i_sm90_turn_begin(cw);
-                FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
-                fa_i_sm90_turn_end(cw, NC);
-                FA_I_WGMMA_WAIT(0);
-                fa_i_fence_f32(o, D / 2);
-                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
-            }
-#else
-            /* No overlap: S, softmax, then PV, one tile after another. */
-            for (n = n_first; n < n_end; ++n) {
-                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
-                fa_i_sm90_turn_begin(cw);
-                FA_I_NAME(sm90_qk, FA_I_DT)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
-                fa_i_sm90_turn_end(cw, NC);
-                FA_I_WGMMA_WAIT(0);
-                fa_i_fence_f32(s, BN / 2);
-                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
-                FA_I_NAME(sm90_softmax, FA_I_DT)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
-                                                 log2_scale, m_run, l_run, alpha);
-                FA_I_NAME(sm90_rescale_pack, FA_I_DT)(o, s, pr, alpha);
-                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
-                FA_I_NAME(sm90_pv, FA_I_DT)(o, pr, sv + FA_I_STAGE(n) * TILE);
-                FA_I_WGMMA_WAIT(0);
-                fa_i_fence_f32(o, D / 2);
-                fa_i_fence_u32(pr, BN / 4);
-                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
-            }
+#undef FA_I_PASS
+#define FA_I_PASS 2
 #endif
-#undef FA_I_STAGE
-#undef FA_I_PARITY
-#undef FA_I_MASKED
-            it += n_end > n_first ? n_end - n_first : 0;
-            if (O_APART) {
-                /* Q is free for the next tile; O's buffer is free once this
-                   thread's previous store has read it. */
-                if (lane == 0) fa_i_mbar_arrive(q_empty);
-                if (t == 0) fa_i_tma_store_wait_read();
-                fa_i_named_sync(1 + NC + cw, 128);
-            }
-
-            /* Epilogue: O / l in 16 bits into shared memory (over this
-               warpgroup's own Q rows unless O_APART), one TMA store per chunk. */
-            {
-                float inv[2];
-#pragma unroll
-                for (i = 0; i < 2; ++i) {
-                    float l = l_run[i];
-                    l += __shfl_xor_sync(0xffffffffu, l, 1);
-                    l += __shfl_xor_sync(0xffffffffu, l, 2);
-                    inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
-                    if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
-                        p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row + 8 * i] =
-                            l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
-                }
-#pragma unroll
-                for (i = 0; i < D / 2; i += 2) {
-                    const int r = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), col = 8 * (i >> 2);
-                    const uint32_t addr = so_wg + (col >> 6) * BM * 128 + r * 128 +
-                                          ((((col & 63) >> 3) ^ (r & 7)) << 4) + 4 * (lane & 3);
-                    const float f = inv[(i >> 1) & 1];
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
-                                 "r"(FA_I_PACK(o[i] * f, o[i + 1] * f))
-                                 : "memory");
-                }
-                fa_i_fence_proxy_async();
-                fa_i_named_sync(1 + NC + cw, 128);
-                if (t == 0) {
-                    int c;
-                    for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_store(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h, b);
-                    fa_i_tma_store_commit();
-                    if (!O_APART) { /* Q's rows now hold O: free them once read */
-                        fa_i_tma_store_wait_read();
-                        fa_i_mbar_arrive_n(q_empty, 4);
-                    }
-                }
-            }
-        }
-#if FA_SM90_PINGPONG
-        if (cw == 0) fa_i_named_sync(1, 256); /* matches the last warpgroup's last arrival */
-#endif
-        if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the stores */
-    }
-#else
-    (void)p;
-    (void)maps;
-#endif
-}
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#undef FA_I_SM90_BN
-#endif
-#endif /* FA_I_HAS_SM90 */
 
 /* ---- backward: dK, dV (and dQ by atomics) per key block ------------------------ */
 
@@ -2143,4 +1858,349 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
 #undef FA_I_ACC_AS_A
 #undef FA_I_MMA
 #undef FA_I_PACK
+
+/* ======================================================================== */
+#elif FA_I_PASS == 3
+/* The FA3 forward for one (head dim FA_I_D, dtype FA_I_DT, tile FA_I_SM90_CFG),
+   its names suffixed with the tile variant FA_I_SV. Included from pass 2,
+   whose FA_I_PACK it uses. */
+#define FA_I_SNAME(kind) FA_I_NAME(kind, FA_I_CAT(FA_I_DT, FA_I_SV))
+/* ---- forward (FA3, Hopper) ---------------------------------------------------
+   Warpgroup 0 produces: it loads Q once and K/V tiles into a ring of STAGES
+   shared-memory stages by TMA (k_full/v_full say a stage arrived; each
+   consumer warp arrives on k_empty/v_empty when its wgmma no longer reads
+   it). The others (2, or 3 at d = 64) consume, 64 query rows each. A
+   thread holds rows r and r + 8 (r = 16 * warp + lane / 4) of the S and O
+   accumulators, at columns 8 c + 2 (lane % 4) + {0, 1}: element i of a row-pair array is
+   column 8 (i / 4) + 2 (lane % 4) + i % 2 of row r + 8 ((i / 2) % 2).
+   Shared tiles are [d / 64][rows][64] with the 128-byte swizzle. */
+enum {
+    FA_I_SNAME(sm90_bm) = FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST),
+    FA_I_SNAME(sm90_bn) = FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND),
+    FA_I_SNAME(sm90_stages) = FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD),
+    FA_I_SNAME(sm90_o_apart) = FA_I_SM90_O_APART_OF(FA_I_SM90_CFG)
+};
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_I_SM90_BN FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND)
+#define FA_I_WGMMA_QK FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), FA_I_CAT(_n, FA_I_SM90_BN))
+#define FA_I_WGMMA_PV FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D))
+
+/* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). */
+static __device__ __forceinline__ void FA_I_SNAME(sm90_qk)(float *s, uint32_t sq,
+                                                                   uint32_t sk)
+{
+    enum { BM = FA_I_SNAME(sm90_bm), BN = FA_I_SM90_BN };
+    const uint64_t qd = fa_i_wgmma_desc(sq, 16, 1024), kd = fa_i_wgmma_desc(sk, 16, 1024);
+    int k;
+    fa_i_wgmma_fence();
+#pragma unroll
+    for (k = 0; k < FA_I_D / 16; ++k) /* 64-column chunk k / 4, 32 bytes per k16 step */
+        FA_I_WGMMA_QK(s, fa_i_desc_add(qd, (k >> 2) * BM * 128 + (k & 3) * 32),
+                      fa_i_desc_add(kd, (k >> 2) * BN * 128 + (k & 3) * 32), k > 0);
+    fa_i_wgmma_commit();
+}
+
+/* Issues O += P V with P (16-bit pairs) in registers (one commit group). */
+static __device__ __forceinline__ void FA_I_SNAME(sm90_pv)(float *o, const uint32_t *pr,
+                                                                   uint32_t sv)
+{
+    enum { BN = FA_I_SM90_BN };
+    const uint64_t vd = fa_i_wgmma_desc(sv, BN * 128, 1024);
+    int k;
+    fa_i_wgmma_fence();
+#pragma unroll
+    for (k = 0; k < BN / 16; ++k) /* 16 keys = 16 rows of 128 bytes per step */
+        FA_I_WGMMA_PV(o, pr + 4 * k, fa_i_desc_add(vd, k * 2048));
+    fa_i_wgmma_commit();
+}
+
+/* Online softmax of one S tile (keys c0...): softcap, mask, running max and
+   sum; S becomes P = 2^(score - max) in place; alpha gets each row's
+   rescale factor for O. */
+static __device__ __forceinline__ void FA_I_SNAME(sm90_softmax)(
+    const fa_params *p, float *s, int c0, int masked, const int *lo, const int *hi,
+    float log2_scale, float *m_run, float *l_run, float *alpha)
+{
+    enum { BN = FA_I_SM90_BN };
+    const int lane = threadIdx.x & 31;
+    int i, half;
+    if (p->softcap > 0.0f)
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) s[i] = fa_i_score(p, s[i]);
+    if (masked)
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) {
+            const int col = c0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
+            if (col < lo[r] || col >= hi[r]) s[i] = -INFINITY;
+        }
+#pragma unroll
+    for (half = 0; half < 2; ++half) {
+        float mx = -INFINITY, ref, sum = 0.0f;
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(m_run[half], mx * log2_scale);
+        ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
+        alpha[half] = fa_i_dev_exp2(m_run[half] - ref);
+        m_run[half] = mx;
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) {
+            float *e = s + 4 * i + 2 * half;
+            e[0] = fa_i_dev_exp2(fmaf(e[0], log2_scale, -ref));
+            e[1] = fa_i_dev_exp2(fmaf(e[1], log2_scale, -ref));
+            sum += e[0] + e[1];
+        }
+        l_run[half] = l_run[half] * alpha[half] + sum;
+    }
+}
+
+/* O *= alpha per row; P to 16-bit pairs in the A-fragment order of the RS
+   wgmma, which is the accumulator order: k16 slice k takes S[8k .. 8k + 7]. */
+static __device__ __forceinline__ void FA_I_SNAME(sm90_rescale_pack)(float *o, const float *s,
+                                                                             uint32_t *pr,
+                                                                             const float *alpha)
+{
+    enum { BN = FA_I_SM90_BN };
+    int i;
+#pragma unroll
+    for (i = 0; i < FA_I_D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (i = 0; i < BN / 4; ++i) pr[i] = FA_I_PACK(s[2 * i], s[2 * i + 1]);
+}
+
+#undef FA_I_WGMMA_QK
+#undef FA_I_WGMMA_PV
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST) / 64 + 1), 1)
+    FA_I_SNAME(fwd_sm90)(const fa_params p, const __grid_constant__ fa_i_tma_maps maps)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    enum {
+        D = FA_I_D, BM = FA_I_SNAME(sm90_bm), BN = FA_I_SM90_BN,
+        STAGES = FA_I_SNAME(sm90_stages), CHUNKS = D / 64, TILE = BN * D * 2,
+        NC = BM / 64, /* consumer warpgroups */
+        /* O gets its own buffer where it fits, so the next tile's Q can load
+           during this one's epilogue; otherwise O goes over Q. */
+        O_APART = FA_I_SNAME(sm90_o_apart)
+    };
+    /* Barriers: q_full, q_empty, then k_full, v_full, k_empty, v_empty per
+       stage. Only this sm_90a body has static shared memory: the host reads
+       that to tell it from the stub other targets compile. */
+    __shared__ __align__(8) uint64_t bars[2 + 4 * STAGES];
+    extern __shared__ uint4 fa_i_smem[];
+    const uint32_t sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */
+    const uint32_t sk = sq + BM * D * 2, sv = sk + STAGES * TILE;
+    const uint32_t so = O_APART ? sv + STAGES * TILE : sq;
+    const uint32_t q_full = fa_i_smem_addr(bars), q_empty = q_full + 8, k_full = q_empty + 8;
+    const uint32_t v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
+    const uint32_t v_empty = k_empty + 8 * STAGES;
+    const int tid = threadIdx.x, blocks_m = (p.seqlen_q + BM - 1) / BM;
+    int i;
+    if (tid == 0) {
+        fa_i_mbar_init(q_full, 1);
+        fa_i_mbar_init(q_empty, 4 * NC); /* every consumer warp */
+        for (i = 0; i < STAGES; ++i) {
+            fa_i_mbar_init(k_full + 8 * i, 1);
+            fa_i_mbar_init(v_full + 8 * i, 1);
+            fa_i_mbar_init(k_empty + 8 * i, 4 * NC);
+            fa_i_mbar_init(v_empty + 8 * i, 4 * NC);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 128) { /* producer warpgroup: one thread issues every copy */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS(NC)));
+        if (tid == 0) {
+            int64_t k;
+            int it = 0, mb, h, b;
+            fa_i_tma_prefetch(&maps.k);
+            fa_i_tma_prefetch(&maps.v);
+            fa_i_tma_prefetch(&maps.o);
+            for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
+                const int hk = h / (p.heads_q / p.heads_kv);
+                int first_lo, last_hi, n, c;
+                fa_i_rows_key_span(&p, mb * BM, min(mb * BM + BM, p.seqlen_q), &first_lo,
+                                   &last_hi);
+                fa_i_mbar_wait(q_empty, (uint32_t)(k & 1) ^ 1); /* fresh barrier: passes */
+                fa_i_mbar_expect_tx(q_full, BM * D * 2);
+                for (c = 0; c < CHUNKS; ++c)
+                    fa_i_tma_load(sq + c * BM * 128, &maps.q, 64 * c, mb * BM, h, b, q_full);
+                /* key tiles no row of this tile sees are never loaded */
+                for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
+                    const int st = it % STAGES;
+                    const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
+                    fa_i_mbar_wait(k_empty + 8 * st, free_parity);
+                    fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
+                    for (c = 0; c < CHUNKS; ++c)
+                        fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c, n * BN, hk,
+                                      b, k_full + 8 * st);
+                    fa_i_mbar_wait(v_empty + 8 * st, free_parity);
+                    fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
+                    for (c = 0; c < CHUNKS; ++c)
+                        fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk,
+                                      b, v_full + 8 * st);
+                }
+            }
+        }
+    } else { /* consumer warpgroups */
+        const int cw = tid / 128 - 1, t = tid % 128, lane = t & 31, warp = t >> 5;
+        const uint32_t sq_wg = sq + cw * 64 * 128, so_wg = so + cw * 64 * 128;
+        const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
+        float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
+        uint32_t pr[BN / 4];
+        int64_t k;
+        int it = 0, mb, h, b;
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS(NC)));
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+#if FA_SM90_PINGPONG
+        if (cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
+#endif
+        for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
+            const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q);
+            const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
+            int lo[2], hi[2], first_lo, last_hi, n, n_first, n_end;
+            fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
+            n_first = first_lo / BN;
+            n_end = (last_hi + BN - 1) / BN;
+#pragma unroll
+            for (i = 0; i < 2; ++i) {
+                m_run[i] = -INFINITY;
+                l_run[i] = 0.0f;
+                fa_i_key_range(&p, row + 8 * i, &lo[i], &hi[i]);
+            }
+#pragma unroll
+            for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
+            fa_i_mbar_wait(q_full, (uint32_t)(k & 1));
+#define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
+#define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
+#define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, last, (n) * BN, (n) * BN + BN) != 2)
+#if FA_SM90_OVERLAP
+            /* Tile n's S is issued together with tile n-1's PV: the softmax
+               of n runs while PV(n-1) is on the tensor cores. */
+            if (n_first < n_end) {
+                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n_first), FA_I_PARITY(n_first));
+                fa_i_sm90_turn_begin(cw);
+                FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n_first) * TILE);
+                fa_i_sm90_turn_end(cw, NC);
+                FA_I_WGMMA_WAIT(0);
+                fa_i_fence_f32(s, BN / 2);
+                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n_first));
+                FA_I_SNAME(sm90_softmax)(&p, s, n_first * BN, FA_I_MASKED(n_first), lo,
+                                                 hi, log2_scale, m_run, l_run, alpha);
+                FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
+                for (n = n_first + 1; n < n_end; ++n) {
+                    fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+                    fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n - 1), FA_I_PARITY(n - 1));
+                    fa_i_sm90_turn_begin(cw);
+                    FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
+                    FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
+                    fa_i_sm90_turn_end(cw, NC);
+                    FA_I_WGMMA_WAIT(1);
+                    fa_i_fence_f32(s, BN / 2);
+                    if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
+                    FA_I_SNAME(sm90_softmax)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
+                                                     log2_scale, m_run, l_run, alpha);
+                    FA_I_WGMMA_WAIT(0);
+                    fa_i_fence_f32(o, D / 2);
+                    fa_i_fence_u32(pr, BN / 4);
+                    if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
+                    FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
+                }
+                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
+                fa_i_sm90_turn_begin(cw);
+                FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
+                fa_i_sm90_turn_end(cw, NC);
+                FA_I_WGMMA_WAIT(0);
+                fa_i_fence_f32(o, D / 2);
+                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
+            }
+#else
+            /* No overlap: S, softmax, then PV, one tile after another. */
+            for (n = n_first; n < n_end; ++n) {
+                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+                fa_i_sm90_turn_begin(cw);
+                FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
+                fa_i_sm90_turn_end(cw, NC);
+                FA_I_WGMMA_WAIT(0);
+                fa_i_fence_f32(s, BN / 2);
+                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
+                FA_I_SNAME(sm90_softmax)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
+                                                 log2_scale, m_run, l_run, alpha);
+                FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
+                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
+                FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n) * TILE);
+                FA_I_WGMMA_WAIT(0);
+                fa_i_fence_f32(o, D / 2);
+                fa_i_fence_u32(pr, BN / 4);
+                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
+            }
+#endif
+#undef FA_I_STAGE
+#undef FA_I_PARITY
+#undef FA_I_MASKED
+            it += n_end > n_first ? n_end - n_first : 0;
+            if (O_APART) {
+                /* Q is free for the next tile; O's buffer is free once this
+                   thread's previous store has read it. */
+                if (lane == 0) fa_i_mbar_arrive(q_empty);
+                if (t == 0) fa_i_tma_store_wait_read();
+                fa_i_named_sync(1 + NC + cw, 128);
+            }
+
+            /* Epilogue: O / l in 16 bits into shared memory (over this
+               warpgroup's own Q rows unless O_APART), one TMA store per chunk. */
+            {
+                float inv[2];
+#pragma unroll
+                for (i = 0; i < 2; ++i) {
+                    float l = l_run[i];
+                    l += __shfl_xor_sync(0xffffffffu, l, 1);
+                    l += __shfl_xor_sync(0xffffffffu, l, 2);
+                    inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+                    if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
+                        p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row + 8 * i] =
+                            l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+                }
+#pragma unroll
+                for (i = 0; i < D / 2; i += 2) {
+                    const int r = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), col = 8 * (i >> 2);
+                    const uint32_t addr = so_wg + (col >> 6) * BM * 128 + r * 128 +
+                                          ((((col & 63) >> 3) ^ (r & 7)) << 4) + 4 * (lane & 3);
+                    const float f = inv[(i >> 1) & 1];
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
+                                 "r"(FA_I_PACK(o[i] * f, o[i + 1] * f))
+                                 : "memory");
+                }
+                fa_i_fence_proxy_async();
+                fa_i_named_sync(1 + NC + cw, 128);
+                if (t == 0) {
+                    int c;
+                    for (c = 0; c < CHUNKS; ++c)
+                        fa_i_tma_store(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h, b);
+                    fa_i_tma_store_commit();
+                    if (!O_APART) { /* Q's rows now hold O: free them once read */
+                        fa_i_tma_store_wait_read();
+                        fa_i_mbar_arrive_n(q_empty, 4);
+                    }
+                }
+            }
+        }
+#if FA_SM90_PINGPONG
+        if (cw == 0) fa_i_named_sync(1, 256); /* matches the last warpgroup's last arrival */
+#endif
+        if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the stores */
+    }
+#else
+    (void)p;
+    (void)maps;
+#endif
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#undef FA_I_SM90_BN
+#endif
+#undef FA_I_SNAME
 #endif

@@ -60,9 +60,10 @@ for nq, nk in ((1, 1), (1, 1000), (7, 63), (63, 64), (64, 65), (65, 257), (257, 
         case(f"gpu_bwd_shape_{nq}x{nk}_causal{int(causal)}", gpu_backward, seqlen_q=nq,
              seqlen_k=nk, head_dim=64, dtype="bf16", causal=causal)
 
-# FA3's key tile is 128 (d 64, 128) or 80 (d 256): edges, long pipelines.
+# FA3's tiles: 192 x 128 (d 64; 128 x 128 when causal with Nq < 4096), 128 x
+# 128 (d 128), 128 x 80 (d 256): edges, long pipelines, both d 64 tiles.
 for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
-                  (128, 2048, 2048), (64, 3000, 2500)):
+                  (128, 2048, 2048), (64, 3000, 2500), (64, 4100, 4200)):
     for causal in (False, True):
         case(f"gpu_fwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_forward, seqlen_q=nq,
              seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal)

@@ -89,6 +89,8 @@ case("gpu_bwd_large_logits", gpu_backward, seqlen_q=128, seqlen_k=400, head_dim=
      amplitude=8.0, dtype="bf16")
 case("gpu_small_fwd", gpu_forward, batch=2, heads_q=4, heads_kv=2, seqlen_q=77, seqlen_k=130,
      head_dim=64, dtype="bf16", causal=True)
+case("gpu_small_fwd_noncausal", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=130,
+     head_dim=64, dtype="bf16")
 case("gpu_small_fwd_d256_window", gpu_forward, seqlen_q=70, seqlen_k=90, head_dim=256,
      dtype="f16", window=(20, 3))
 case("gpu_small_bwd", gpu_backward, batch=2, heads_q=4, heads_kv=2, seqlen_q=77, seqlen_k=130,

@@ -3,6 +3,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 
@@ -18,13 +19,14 @@ RNG_SEED = [0]  # set by run_tests.py
 # error 2e-7) where NumPy's float32 result happens to be nearly exact. Inputs
 # are rounded to the storage dtype before either side sees them. Large logits
 # make fp32 itself inaccurate; this bound follows that, a fixed one cannot.
-# The forward also allows max|S| * 2^-24: rounding each logit to fp32 moves P
+# Both passes also allow max|S| * 2^-24: rounding each logit to fp32 moves P
 # by up to that much (relative), and two fp32 computations differ by luck there.
 FLOOR = 2e-6
 
 
 def rng_for(name):
-    return np.random.default_rng([RNG_SEED[0], abs(hash(name)) % 2**31])
+    # crc32, not hash(): str hashes change per process, and FA_TEST_SEED must repeat a run
+    return np.random.default_rng([RNG_SEED[0], zlib.crc32(name.encode())])
 
 
 def bound(low_precision, ref, dtype, logit_rounding=0.0):
@@ -80,6 +82,7 @@ def backward_case(backends=("fa2", "ref"), **cfg):
     grads, mags = reference.backward(prob.q, prob.k, prob.v, prob.dout, magnitudes=True, **args)
     low = reference.backward(prob.q, prob.k, prob.v, prob.dout, precision=np.float32, o=o,
                              lse=lse, round_p=tensor_core_rounding(prob, backends), **args)
+    logit_rounding = reference.max_logit(prob.q, prob.k, prob.scale) * 2.0**-24
     errs = []
     for backend in backends:
         status, *got = prob.backward(o, lse, backend)
@@ -87,7 +90,8 @@ def backward_case(backends=("fa2", "ref"), **cfg):
         for gname, g, r, lp, mag in zip(("dq", "dk", "dv"), got, grads, low, mags):
             scale = max(np.linalg.norm(mag), np.linalg.norm(r))
             err = np.linalg.norm(g - r) / scale if not np.isnan(g).any() else np.inf
-            limit = 2.0 * np.linalg.norm(fa.quantize(lp, prob.dtype) - r) / scale + FLOOR
+            limit = (2.0 * np.linalg.norm(fa.quantize(lp, prob.dtype) - r) / scale + FLOOR +
+                     logit_rounding)
             assert err <= limit, f"{backend} {gname}: error {err:.3g} > bound {limit:.3g}"
             errs.append(err)
     return f"max err {max(errs):.1e}"

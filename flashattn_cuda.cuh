@@ -161,9 +161,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    hold the accumulators without spills and the shared memory (each row
    padded by 16 bytes: conflict-free ldmatrix) fits in 163 KB (sm_80). */
 #define FA_I_FWD_32 128, 128, 4
-#define FA_I_FWD_64 128, 64, 4
+#define FA_I_FWD_64 128, 128, 4
 #define FA_I_FWD_96 128, 64, 4
-#define FA_I_FWD_128 128, 32, 4
+#define FA_I_FWD_128 128, 64, 4
 #define FA_I_FWD_160 64, 64, 4
 #define FA_I_FWD_192 64, 64, 4
 #define FA_I_FWD_256 64, 32, 4
@@ -380,19 +380,27 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
 
 /* Copies rows [row0, row0 + tile_rows) of a [rows][d] 16-bit matrix (row
    stride in elements) into smem with pitch ld; rows at or past `rows` are
-   zero-filled. */
+   zero-filled. A thread copies one 16-byte column chunk of every step-th
+   row, walking one pointer down the rows (with d = 96, 160 or 192 a few
+   threads idle). tid is made opaque first: otherwise the compiler hoists
+   every chunk's address out of the caller's key loop and holds them all in
+   registers (2 each), which spills the 64-key tiles. */
 static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, int row0, int rows,
                                                        int tile_rows, int d, int ld, int tid,
                                                        int nthreads)
 {
-    const int chunks = d / 8;
-    int c;
-    for (c = tid; c < tile_rows * chunks; c += nthreads) {
-        const int r = c / chunks, col = (c % chunks) * 8;
+    const int chunks = d / 8, step = nthreads / chunks;
+    int r, col;
+    const uint16_t *src;
+    asm volatile("" : "+r"(tid));
+    if (tid >= step * chunks) return;
+    r = tid / chunks;
+    col = (tid % chunks) * 8;
+    src = g + (int64_t)(row0 + r) * stride + col;
+    for (; r < tile_rows; r += step, src += step * stride) {
         const int valid = row0 + r < rows;
-        const uint16_t *src = valid ? g + (int64_t)(row0 + r) * stride + col : g;
-        fa_i_cp_async16(smem + r * ld + col, src, valid ? 16 : 0);
+        fa_i_cp_async16(smem + r * ld + col, valid ? src : g, valid ? 16 : 0);
     }
 }
 
@@ -1329,6 +1337,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         const int stage = (n - n_first) & 1, c0 = n * BN;
         const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
         float s[MT][BN / 8][4];
+        uint32_t pa[MT][BN / 16][4];
+        float alpha[2 * MT]; /* per row: how much O shrinks for this block's new max */
         /* One barrier per block: after it, block n is in smem for everyone and
            every warp is done with block n - 1, whose stage the prefetch of
            block n + 1 then overwrites while block n is computed. */
@@ -1387,41 +1397,45 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         for (t = 0; t < 2 * MT; ++t) { /* online softmax, row by row */
             float (*row)[4] = s[t >> 1];
             const int e = 2 * (t & 1);
-            float mx = -INFINITY, ref, alpha, sum = 0.0f;
+            float mx = -INFINITY, ref, sum = 0.0f;
 #pragma unroll
             for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(row[i][e], row[i][e + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             mx = fmaxf(m_run[t], mx * log2_scale); /* running max in base-2 units */
             ref = mx == -INFINITY ? 0.0f : mx;     /* a row with nothing visible yet stays 0 */
-            alpha = fa_i_dev_exp2(m_run[t] - ref);
+            alpha[t] = fa_i_dev_exp2(m_run[t] - ref);
             m_run[t] = mx;
 #pragma unroll
             for (i = 0; i < BN / 8; ++i) { /* 2^(s c - max): one FFMA and one MUFU */
-                row[i][e] = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -ref));
-                row[i][e + 1] = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -ref));
-                sum += row[i][e] + row[i][e + 1];
+                const float e0 = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -ref));
+                const float e1 = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -ref));
+                sum += e0 + e1;
+                /* P as A fragments of the PV MMA, packed now so the scores die */
+                pa[t >> 1][i >> 1][2 * (i & 1) + (t & 1)] = FA_I_PACK(e0, e1);
             }
-            l_run[t] = l_run[t] * alpha + sum; /* per-thread partial sums; reduced at the end */
-#pragma unroll
-            for (i = 0; i < D / 8; ++i) {
-                o[t >> 1][i][e] *= alpha;
-                o[t >> 1][i][e + 1] *= alpha;
-            }
+            l_run[t] = l_run[t] * alpha[t] + sum; /* per-thread partial sums; reduced at the end */
         }
 #pragma unroll
-        for (i = 0; i < BN / 16; ++i) { /* O += P V, P straight from the S registers */
-            uint32_t a[MT][4];
+        for (t = 0; t < MT; ++t) /* O *= alpha, skipped (exactly) where no row's max moved */
+            if (__any_sync(0xffffffffu, alpha[2 * t] != 1.0f || alpha[2 * t + 1] != 1.0f))
 #pragma unroll
-            for (t = 0; t < MT; ++t) FA_I_ACC_AS_A(a[t], s[t], i);
+                for (i = 0; i < D / 8; ++i) {
+                    o[t][i][0] *= alpha[2 * t];
+                    o[t][i][1] *= alpha[2 * t];
+                    o[t][i][2] *= alpha[2 * t + 1];
+                    o[t][i][3] *= alpha[2 * t + 1];
+                }
+#pragma unroll
+        for (i = 0; i < BN / 16; ++i) { /* O += P V */
 #pragma unroll
             for (j = 0; j < D / 16; ++j) {
                 uint32_t bv[4];
                 FA_I_LOAD_B_KN(bv, svt, LD, i * 16, j * 16);
 #pragma unroll
                 for (t = 0; t < MT; ++t) {
-                    FA_I_MMA(o[t][2 * j], a[t], bv[0], bv[1]);
-                    FA_I_MMA(o[t][2 * j + 1], a[t], bv[2], bv[3]);
+                    FA_I_MMA(o[t][2 * j], pa[t][i], bv[0], bv[1]);
+                    FA_I_MMA(o[t][2 * j + 1], pa[t][i], bv[2], bv[3]);
                 }
             }
         }

@@ -155,11 +155,15 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_CAT(a, b) FA_I_CAT2(a, b)
 
 /* Tile table: forward (query rows per CTA, keys per tile, warps; each warp
-   owns rows / warps = 16 or 32 rows), backward main kernel (keys per CTA, query rows per step,
-   warps splitting the head dim for the dK/dV accumulators), backward dQ
-   kernel (query rows, keys per tile, warps). Chosen so that the registers
-   hold the accumulators without spills and the shared memory (each row
-   padded by 16 bytes: conflict-free ldmatrix) fits in 163 KB (sm_80). */
+   owns rows / warps = 16 or 32 rows); backward dK/dV kernel (keys per CTA,
+   query rows per step, warps splitting the head dim for the dK/dV
+   accumulators; 16 keys per warp), once with dQ by atomics (BWD) and once
+   without (BWD_DET, the deterministic mode); backward dQ kernel (query
+   rows, keys per tile, warps). Chosen so that the registers hold the
+   accumulators without spills and the shared memory (each row padded by 16
+   bytes: conflict-free ldmatrix) fits in 163 KB (sm_80). The atomic kernel
+   takes 128 keys where it measured faster: half the dQ atomics per key
+   (bench/NOTES.md). */
 #define FA_I_FWD_32 128, 128, 4
 #define FA_I_FWD_64 128, 128, 4
 #define FA_I_FWD_96 128, 64, 4
@@ -168,12 +172,19 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_FWD_192 64, 64, 4
 #define FA_I_FWD_256 64, 32, 4
 #define FA_I_BWD_32 64, 32, 1
-#define FA_I_BWD_64 64, 64, 1
+#define FA_I_BWD_64 128, 64, 1
 #define FA_I_BWD_96 64, 32, 1
-#define FA_I_BWD_128 64, 32, 1
+#define FA_I_BWD_128 128, 32, 1
 #define FA_I_BWD_160 64, 32, 2
 #define FA_I_BWD_192 64, 32, 2
 #define FA_I_BWD_256 64, 32, 2
+#define FA_I_BWD_DET_32 64, 32, 1
+#define FA_I_BWD_DET_64 64, 64, 1
+#define FA_I_BWD_DET_96 64, 32, 1
+#define FA_I_BWD_DET_128 64, 32, 1
+#define FA_I_BWD_DET_160 64, 32, 2
+#define FA_I_BWD_DET_192 64, 32, 2
+#define FA_I_BWD_DET_256 64, 32, 2
 #define FA_I_BWDQ_32 64, 64, 4
 #define FA_I_BWDQ_64 64, 64, 4
 #define FA_I_BWDQ_96 64, 64, 4
@@ -247,14 +258,19 @@ typedef struct fa_i_sm90_kernel {
     size_t smem;
 } fa_i_sm90_kernel;
 
+/* One backward dK/dV kernel: keys per CTA, threads and shared memory. */
+typedef struct fa_i_bwd_kernel {
+    const void *fn;
+    int keys, threads;
+    size_t smem;
+} fa_i_bwd_kernel;
+
 /* One compiled (dtype, head dim): kernels with their launch shapes. */
 typedef struct fa_i_kernels {
     const void *fwd;
     int fwd_rows, fwd_threads;
     size_t fwd_smem;
-    const void *bwd_kv;
-    int bwd_keys, bwd_threads;
-    size_t bwd_smem;
+    fa_i_bwd_kernel bwd_kv[2]; /* [0] adds dQ by atomics, [1] leaves dQ to bwd_q */
     const void *bwd_q;
     int bwd_q_rows, bwd_q_threads;
     size_t bwd_q_smem;
@@ -900,9 +916,12 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
         return fa_i_cuda_error(e, "querying the current device");
     if (device->major < 8)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "compute capability %d.x < 8.0", device->major);
-    need = pass == FA_PASS_FORWARD ? (*kernels)->fwd_smem
-           : (*kernels)->bwd_smem > (*kernels)->bwd_q_smem ? (*kernels)->bwd_smem
-                                                           : (*kernels)->bwd_q_smem;
+    need = (*kernels)->fwd_smem;
+    if (pass == FA_PASS_BACKWARD) {
+        const fa_i_kernels *k = *kernels;
+        need = k->bwd_kv[0].smem > k->bwd_kv[1].smem ? k->bwd_kv[0].smem : k->bwd_kv[1].smem;
+        if (k->bwd_q_smem > need) need = k->bwd_q_smem;
+    }
     if ((size_t)device->smem_optin < need)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "these kernels need %zu bytes of shared memory, the device allows %d",
@@ -1103,9 +1122,11 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     s = fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(rows, 8)), 256, 0, stream,
                     &p, &a);
-    if (s == FA_OK)
-        s = fa_i_launch(k->bwd_kv, dim3(fa_i_blocks(p.seqlen_k, k->bwd_keys), p.heads_kv, p.batch),
-                        k->bwd_threads, k->bwd_smem, stream, &p, &a);
+    if (s == FA_OK) {
+        const fa_i_bwd_kernel *kv = &k->bwd_kv[deterministic ? 1 : 0];
+        s = fa_i_launch(kv->fn, dim3(fa_i_blocks(p.seqlen_k, kv->keys), p.heads_kv, p.batch),
+                        kv->threads, kv->smem, stream, &p, &a);
+    }
     if (s == FA_OK && deterministic)
         s = fa_i_launch(k->bwd_q, dim3(fa_i_blocks(p.seqlen_q, k->bwd_q_rows), p.heads_q, p.batch),
                         k->bwd_q_threads, k->bwd_q_smem, stream, &p, &a);
@@ -1124,7 +1145,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 /* ======================================================================== */
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
-#define FA_I_NO_KERNELS {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}}
+#define FA_I_NO_KERNELS \
+    {0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, 0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}}
 #if !FA_I_BUILD_D(FA_I_D)
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
 #else
@@ -1135,17 +1157,17 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #else
 #define FA_I_FWD_CFG (FA_I_CAT(FA_I_FWD_, FA_I_D))
 #endif
-#define FA_I_BWD_CFG (FA_I_CAT(FA_I_BWD_, FA_I_D))
+#define FA_I_BWD_CFG_ATOMIC (FA_I_CAT(FA_I_BWD_, FA_I_D))
+#define FA_I_BWD_CFG_DET (FA_I_CAT(FA_I_BWD_DET_, FA_I_D))
 #define FA_I_BWDQ_CFG (FA_I_CAT(FA_I_BWDQ_, FA_I_D))
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
 /* Shared memory of each kernel in bytes (16-bit rows padded by 8 elements). */
 #define FA_I_FWD_SMEM \
     (2 * (FA_I_D + 8) * (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
-#define FA_I_BWD_SMEM                                                                         \
-    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) +                             \
-                          4 * FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND)) +                           \
-          FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) * (FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND) + 8)) +     \
-     4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND))
+#define FA_I_BWD_SMEM(cfg)                                                                    \
+    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_FIRST) + 4 * FA_I_CFG(cfg, FA_I_SECOND)) +      \
+          FA_I_CFG(cfg, FA_I_FIRST) * (FA_I_CFG(cfg, FA_I_SECOND) + 8)) +                      \
+     4 * 4 * 2 * FA_I_CFG(cfg, FA_I_SECOND))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
@@ -1193,7 +1215,10 @@ FA_I_SM90_CHECK(FA_I_SM90_CFG_1);
 #define FA_I_SM90_ENTRIES(dt) {{0, 0, 0, 0}, {0, 0, 0, 0}}
 #endif
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
-static_assert(FA_I_BWD_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_ATOMIC) <= FA_I_SMEM_MAX,
+              "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_DET) <= FA_I_SMEM_MAX,
+              "flashattn: backward tile exceeds shared memory");
 static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
 
 #undef FA_I_PASS
@@ -1211,12 +1236,14 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 #undef FA_I_PASS
 #define FA_I_PASS 1
 
+#define FA_I_BWD_ENTRY(dt, mode, cfg)                                                         \
+    {(const void *)FA_I_NAME(bwd_kv, FA_I_CAT(dt, mode)), FA_I_CFG(cfg, FA_I_FIRST),          \
+     2 * FA_I_CFG(cfg, FA_I_FIRST) * FA_I_CFG(cfg, FA_I_THIRD), FA_I_BWD_SMEM(cfg)}
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
-     (const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST),                 \
-     2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) * FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD),             \
-     FA_I_BWD_SMEM, (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),   \
+     {FA_I_BWD_ENTRY(dt, _dq, FA_I_BWD_CFG_ATOMIC), FA_I_BWD_ENTRY(dt, _nodq, FA_I_BWD_CFG_DET)}, \
+     (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),                 \
      32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt)}
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #if FA_CUDA_DTYPE != 2
@@ -1231,6 +1258,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #endif
 };
 #undef FA_I_ENTRY
+#undef FA_I_BWD_ENTRY
 #undef FA_I_SM90_ENTRIES
 #undef FA_I_HAS_SM90
 #ifdef FA_I_SM90_CFG_0
@@ -1248,7 +1276,8 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_BWD_SMEM
 #undef FA_I_BWDQ_SMEM
 #undef FA_I_FWD_CFG
-#undef FA_I_BWD_CFG
+#undef FA_I_BWD_CFG_ATOMIC
+#undef FA_I_BWD_CFG_DET
 #undef FA_I_BWDQ_CFG
 #undef FA_I_CFG
 #undef FA_I_NAME
@@ -1536,200 +1565,22 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_row_span, FA_I_DT)(const fa
     *last = a - 1;
 }
 
-static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) *
-                                         FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD))
-    FA_I_NAME(bwd_kv, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
-{
-    enum {
-        D = FA_I_D, BN = FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST), BM = FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND),
-        WD = FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD), KW = BN / 16, NW = KW * WD, NT = 32 * NW,
-        DS = D / WD, LD = D + 8, LDS = BM + 8,
-        /* dQ = dS K: warps as QR row groups x QC column groups of DQC columns */
-        QR = BM / 16,
-        QC = D % (16 * (NW / QR)) == 0 ? NW / QR : D % (16 * (NW / QR / 2)) == 0 ? NW / QR / 2 : 1,
-        DQC = D / QC
-    };
-    extern __shared__ uint4 fa_i_smem[];
-    uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
-    uint16_t *sdo = sq + 2 * BM * LD, *sds = sdo + 2 * BM * LD;
-    float *slse = (float *)(sds + BN * LDS), *sdsum = slse + 2 * BM;
-    int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int kw = warp % KW, wd = warp / KW, qw = warp % QR, cw = warp / QR;
-    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
-    const int group = p.heads_q / p.heads_kv;
-    const int key0 = c0 + kw * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's keys */
-    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-    float dk[DS / 8][4], dv[DS / 8][4];
-    int first, last, blocks, steps, t, i, j;
-
-    FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
-    blocks = first <= last ? last / BM - first / BM + 1 : 0;
-    steps = group * blocks; /* (query head, query block) pairs, in order */
-#pragma unroll
-    for (i = 0; i < DS / 8; ++i)
-        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
-
-    fa_i_async_tile(sk, (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0),
-                    p.k_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
-    fa_i_async_tile(sv, (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0),
-                    p.v_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
-    if (steps > 0)
-        FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group, (first / BM) * BM, sq, sdo, slse, sdsum,
-                                     slo, shi, BM, D, LD, tid, NT);
-    fa_i_cp_async_commit();
-    for (t = 0; t < steps; ++t) {
-        const int stage = t & 1, h = hk * group + t / blocks;
-        const int r0 = (first / BM + t % blocks) * BM;
-        const uint16_t *sqt = sq + stage * BM * LD, *sdot = sdo + stage * BM * LD;
-        const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
-        const int *lo = slo + stage * BM, *hi = shi + stage * BM;
-        float st[BM / 8][4], dpt[BM / 8][4];
-        /* One barrier per step: after it, step t is in smem for everyone and
-           every warp is done with step t - 1 (its stage and dS^T), so the
-           prefetch of step t + 1 may overwrite that stage. */
-        fa_i_cp_async_wait_0();
-        __syncthreads();
-        if (t + 1 < steps) {
-            const int tn = t + 1;
-            FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group + tn / blocks,
-                                         (first / BM + tn % blocks) * BM,
-                                         sq + (stage ^ 1) * BM * LD, sdo + (stage ^ 1) * BM * LD,
-                                         slse + (stage ^ 1) * BM, sdsum + (stage ^ 1) * BM,
-                                         slo + (stage ^ 1) * BM, shi + (stage ^ 1) * BM, BM, D, LD,
-                                         tid, NT);
-        }
-        fa_i_cp_async_commit();
-
-#pragma unroll
-        for (i = 0; i < BM / 8; ++i)
-            st[i][0] = st[i][1] = st[i][2] = st[i][3] = dpt[i][0] = dpt[i][1] = dpt[i][2] =
-                dpt[i][3] = 0.0f;
-#pragma unroll
-        for (i = 0; i < D / 16; ++i) { /* S^T = K Q^T and dP^T = V dO^T for this warp's keys */
-            uint32_t ak[4], av[4];
-            FA_I_LOAD_A(ak, sk, LD, kw * 16, i * 16);
-            FA_I_LOAD_A(av, sv, LD, kw * 16, i * 16);
-#pragma unroll
-            for (j = 0; j < BM / 16; ++j) {
-                uint32_t bq[4], bo[4];
-                FA_I_LOAD_B_NK(bq, sqt, LD, j * 16, i * 16);
-                FA_I_LOAD_B_NK(bo, sdot, LD, j * 16, i * 16);
-                FA_I_MMA(st[2 * j], ak, bq[0], bq[1]);
-                FA_I_MMA(st[2 * j + 1], ak, bq[2], bq[3]);
-                FA_I_MMA(dpt[2 * j], av, bo[0], bo[1]);
-                FA_I_MMA(dpt[2 * j + 1], av, bo[2], bo[3]);
-            }
-        }
-        /* P^T and dS^T = P^T (dP^T - D). Softcap and mask are uniform branches
-           around their own loops, so the common loop has neither. */
-        if (p.softcap > 0.0f)
-#pragma unroll
-            for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                for (j = 0; j < 4; ++j) st[i][j] = fa_i_score(&p, st[i][j]);
-        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
-#pragma unroll
-            for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                for (j = 0; j < 4; ++j) {
-                    const int r = i * 8 + 2 * (lane & 3) + (j & 1), key = j < 2 ? key0 : key1;
-                    if (key < lo[r] || key >= hi[r]) st[i][j] = -INFINITY;
-                }
-#pragma unroll
-        for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-            for (j = 0; j < 4; ++j) {
-                const int r = i * 8 + 2 * (lane & 3) + (j & 1);
-                const float prob = fa_i_dev_exp2(fmaf(st[i][j], log2_scale, -lse2[r]));
-                dpt[i][j] = prob * (dpt[i][j] - dsum[r]);
-                st[i][j] = prob;
-            }
-        if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
-#pragma unroll
-            for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                for (j = 0; j < 4; ++j) {
-                    const float th = fa_i_capped_tanh(&p, st[i][j], lse2[i * 8 + 2 * (lane & 3) + (j & 1)]);
-                    dpt[i][j] *= 1.0f - th * th;
-                }
-#pragma unroll
-        for (i = 0; i < BM / 16; ++i) { /* dV += P^T dO, dK += dS^T Q on this warp's d slice */
-            uint32_t ap[4], ads[4];
-            FA_I_ACC_AS_A(ap, st, i);
-            FA_I_ACC_AS_A(ads, dpt, i);
-#pragma unroll
-            for (j = 0; j < DS / 16; ++j) {
-                uint32_t bo[4], bq[4];
-                FA_I_LOAD_B_KN(bo, sdot, LD, i * 16, wd * DS + j * 16);
-                FA_I_LOAD_B_KN(bq, sqt, LD, i * 16, wd * DS + j * 16);
-                FA_I_MMA(dv[2 * j], ap, bo[0], bo[1]);
-                FA_I_MMA(dv[2 * j + 1], ap, bo[2], bo[3]);
-                FA_I_MMA(dk[2 * j], ads, bq[0], bq[1]);
-                FA_I_MMA(dk[2 * j + 1], ads, bq[2], bq[3]);
-            }
-        }
-        if (a.dq_acc) { /* dQ += dS K, through smem, added to the fp32 accumulator */
-            float dq[DQC / 8][4];
-            if (wd == 0)
-#pragma unroll
-                for (i = 0; i < BM / 8; ++i) {
-                    const int r = i * 8 + 2 * (lane & 3);
-                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2)) * LDS + r) = FA_I_PACK(dpt[i][0], dpt[i][1]);
-                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2) + 8) * LDS + r) = FA_I_PACK(dpt[i][2], dpt[i][3]);
-                }
-            __syncthreads();
-            if (cw < QC) {
-                float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
-#pragma unroll
-                for (i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-#pragma unroll
-                for (i = 0; i < BN / 16; ++i) {
-                    uint32_t ads[4];
-                    FA_I_LOAD_A_KM(ads, sds, LDS, i * 16, qw * 16);
-#pragma unroll
-                    for (j = 0; j < DQC / 16; ++j) {
-                        uint32_t bk[4];
-                        FA_I_LOAD_B_KN(bk, sk, LD, i * 16, cw * DQC + j * 16);
-                        FA_I_MMA(dq[2 * j], ads, bk[0], bk[1]);
-                        FA_I_MMA(dq[2 * j + 1], ads, bk[2], bk[3]);
-                    }
-                }
-#pragma unroll
-                for (i = 0; i < DQC / 8; ++i) {
-                    const int q0 = r0 + qw * 16 + (lane >> 2), col = cw * DQC + i * 8 + 2 * (lane & 3);
-                    if (q0 < p.seqlen_q) {
-                        atomicAdd(acc + (int64_t)q0 * D + col, dq[i][0]);
-                        atomicAdd(acc + (int64_t)q0 * D + col + 1, dq[i][1]);
-                    }
-                    if (q0 + 8 < p.seqlen_q) {
-                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col, dq[i][2]);
-                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col + 1, dq[i][3]);
-                    }
-                }
-            }
-        }
-    }
-    fa_i_cp_async_wait_0();
-    {
-        uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
-        uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
-#pragma unroll
-        for (i = 0; i < DS / 8; ++i) {
-            const int col = wd * DS + i * 8 + 2 * (lane & 3);
-            if (key0 < p.seqlen_k) {
-                *(uint32_t *)(gdk + key0 * p.dk_layout.seq + col) =
-                    FA_I_PACK(dk[i][0] * p.scale, dk[i][1] * p.scale);
-                *(uint32_t *)(gdv + key0 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][0], dv[i][1]);
-            }
-            if (key1 < p.seqlen_k) {
-                *(uint32_t *)(gdk + key1 * p.dk_layout.seq + col) =
-                    FA_I_PACK(dk[i][2] * p.scale, dk[i][3] * p.scale);
-                *(uint32_t *)(gdv + key1 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][2], dv[i][3]);
-            }
-        }
-    }
-}
+/* The dK/dV kernel twice: with dQ by atomics (its own tile) and without, for
+   the deterministic mode (pass 4). */
+#undef FA_I_PASS
+#define FA_I_PASS 4
+#define FA_I_BWD_DQ 1
+#define FA_I_BWD_CFG FA_I_BWD_CFG_ATOMIC
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_DQ
+#undef FA_I_BWD_CFG
+#define FA_I_BWD_DQ 0
+#define FA_I_BWD_CFG FA_I_BWD_CFG_DET
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_DQ
+#undef FA_I_BWD_CFG
+#undef FA_I_PASS
+#define FA_I_PASS 2
 
 /* ---- backward, deterministic dQ: one CTA per query block, no atomics ---------- */
 static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD))
@@ -2217,4 +2068,210 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #undef FA_I_SM90_BN
 #endif
 #undef FA_I_SNAME
+
+/* ======================================================================== */
+#elif FA_I_PASS == 4
+/* The backward dK/dV kernel for one (head dim FA_I_D, dtype FA_I_DT, tile
+   FA_I_BWD_CFG), adding dQ by atomics when FA_I_BWD_DQ is 1 (name suffix
+   _dq, else _nodq). Included from pass 2, whose helpers it uses. */
+#define FA_I_BWD_MODE FA_I_CAT(FA_I_BWD_MODE_, FA_I_BWD_DQ)
+#define FA_I_BWD_MODE_1 _dq
+#define FA_I_BWD_MODE_0 _nodq
+static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) *
+                                         FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD))
+    FA_I_NAME(bwd_kv, FA_I_CAT(FA_I_DT, FA_I_BWD_MODE))(const fa_params p, const fa_i_bwd_args a)
+{
+    enum {
+        D = FA_I_D, BN = FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST), BM = FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND),
+        WD = FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD), KW = BN / 16, NW = KW * WD, NT = 32 * NW,
+        DS = D / WD, LD = D + 8, LDS = BM + 8,
+        /* dQ = dS K: warps as QR row groups x QC column groups of DQC columns */
+        QR = BM / 16,
+        QC = D % (16 * (NW / QR)) == 0 ? NW / QR : D % (16 * (NW / QR / 2)) == 0 ? NW / QR / 2 : 1,
+        DQC = D / QC
+    };
+    extern __shared__ uint4 fa_i_smem[];
+    uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
+    uint16_t *sdo = sq + 2 * BM * LD, *sds = sdo + 2 * BM * LD;
+    float *slse = (float *)(sds + BN * LDS), *sdsum = slse + 2 * BM;
+    int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kw = warp % KW, wd = warp / KW, qw = warp % QR, cw = warp / QR;
+    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.heads_q / p.heads_kv;
+    const int key0 = c0 + kw * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's keys */
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
+    float dk[DS / 8][4], dv[DS / 8][4];
+    int first, last, blocks, steps, t, i, j;
+
+    FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
+    blocks = first <= last ? last / BM - first / BM + 1 : 0;
+    steps = group * blocks; /* (query head, query block) pairs, in order */
+#pragma unroll
+    for (i = 0; i < DS / 8; ++i)
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+
+    fa_i_async_tile(sk, (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0),
+                    p.k_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
+    fa_i_async_tile(sv, (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0),
+                    p.v_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
+    if (steps > 0)
+        FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group, (first / BM) * BM, sq, sdo, slse, sdsum,
+                                     slo, shi, BM, D, LD, tid, NT);
+    fa_i_cp_async_commit();
+    for (t = 0; t < steps; ++t) {
+        const int stage = t & 1, h = hk * group + t / blocks;
+        const int r0 = (first / BM + t % blocks) * BM;
+        const uint16_t *sqt = sq + stage * BM * LD, *sdot = sdo + stage * BM * LD;
+        const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
+        const int *lo = slo + stage * BM, *hi = shi + stage * BM;
+        float st[BM / 8][4], dpt[BM / 8][4];
+        /* One barrier per step: after it, step t is in smem for everyone and
+           every warp is done with step t - 1 (its stage and dS^T), so the
+           prefetch of step t + 1 may overwrite that stage. */
+        fa_i_cp_async_wait_0();
+        __syncthreads();
+        if (t + 1 < steps) {
+            const int tn = t + 1;
+            FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group + tn / blocks,
+                                         (first / BM + tn % blocks) * BM,
+                                         sq + (stage ^ 1) * BM * LD, sdo + (stage ^ 1) * BM * LD,
+                                         slse + (stage ^ 1) * BM, sdsum + (stage ^ 1) * BM,
+                                         slo + (stage ^ 1) * BM, shi + (stage ^ 1) * BM, BM, D, LD,
+                                         tid, NT);
+        }
+        fa_i_cp_async_commit();
+
+#pragma unroll
+        for (i = 0; i < BM / 8; ++i)
+            st[i][0] = st[i][1] = st[i][2] = st[i][3] = dpt[i][0] = dpt[i][1] = dpt[i][2] =
+                dpt[i][3] = 0.0f;
+#pragma unroll
+        for (i = 0; i < D / 16; ++i) { /* S^T = K Q^T and dP^T = V dO^T for this warp's keys */
+            uint32_t ak[4], av[4];
+            FA_I_LOAD_A(ak, sk, LD, kw * 16, i * 16);
+            FA_I_LOAD_A(av, sv, LD, kw * 16, i * 16);
+#pragma unroll
+            for (j = 0; j < BM / 16; ++j) {
+                uint32_t bq[4], bo[4];
+                FA_I_LOAD_B_NK(bq, sqt, LD, j * 16, i * 16);
+                FA_I_LOAD_B_NK(bo, sdot, LD, j * 16, i * 16);
+                FA_I_MMA(st[2 * j], ak, bq[0], bq[1]);
+                FA_I_MMA(st[2 * j + 1], ak, bq[2], bq[3]);
+                FA_I_MMA(dpt[2 * j], av, bo[0], bo[1]);
+                FA_I_MMA(dpt[2 * j + 1], av, bo[2], bo[3]);
+            }
+        }
+        /* P^T and dS^T = P^T (dP^T - D). Softcap and mask are uniform branches
+           around their own loops, so the common loop has neither. */
+        if (p.softcap > 0.0f)
+#pragma unroll
+            for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) st[i][j] = fa_i_score(&p, st[i][j]);
+        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
+#pragma unroll
+            for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const int r = i * 8 + 2 * (lane & 3) + (j & 1), key = j < 2 ? key0 : key1;
+                    if (key < lo[r] || key >= hi[r]) st[i][j] = -INFINITY;
+                }
+#pragma unroll
+        for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+            for (j = 0; j < 4; ++j) {
+                const int r = i * 8 + 2 * (lane & 3) + (j & 1);
+                const float prob = fa_i_dev_exp2(fmaf(st[i][j], log2_scale, -lse2[r]));
+                dpt[i][j] = prob * (dpt[i][j] - dsum[r]);
+                st[i][j] = prob;
+            }
+        if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
+#pragma unroll
+            for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const float th = fa_i_capped_tanh(&p, st[i][j], lse2[i * 8 + 2 * (lane & 3) + (j & 1)]);
+                    dpt[i][j] *= 1.0f - th * th;
+                }
+#pragma unroll
+        for (i = 0; i < BM / 16; ++i) { /* dV += P^T dO, dK += dS^T Q on this warp's d slice */
+            uint32_t ap[4], ads[4];
+            FA_I_ACC_AS_A(ap, st, i);
+            FA_I_ACC_AS_A(ads, dpt, i);
+#pragma unroll
+            for (j = 0; j < DS / 16; ++j) {
+                uint32_t bo[4], bq[4];
+                FA_I_LOAD_B_KN(bo, sdot, LD, i * 16, wd * DS + j * 16);
+                FA_I_LOAD_B_KN(bq, sqt, LD, i * 16, wd * DS + j * 16);
+                FA_I_MMA(dv[2 * j], ap, bo[0], bo[1]);
+                FA_I_MMA(dv[2 * j + 1], ap, bo[2], bo[3]);
+                FA_I_MMA(dk[2 * j], ads, bq[0], bq[1]);
+                FA_I_MMA(dk[2 * j + 1], ads, bq[2], bq[3]);
+            }
+        }
+        if (FA_I_BWD_DQ) { /* dQ += dS K, through smem, added to the fp32 accumulator */
+            float dq[DQC / 8][4];
+            if (wd == 0)
+#pragma unroll
+                for (i = 0; i < BM / 8; ++i) {
+                    const int r = i * 8 + 2 * (lane & 3);
+                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2)) * LDS + r) = FA_I_PACK(dpt[i][0], dpt[i][1]);
+                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2) + 8) * LDS + r) = FA_I_PACK(dpt[i][2], dpt[i][3]);
+                }
+            __syncthreads();
+            if (cw < QC) {
+                float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
+#pragma unroll
+                for (i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+                for (i = 0; i < BN / 16; ++i) {
+                    uint32_t ads[4];
+                    FA_I_LOAD_A_KM(ads, sds, LDS, i * 16, qw * 16);
+#pragma unroll
+                    for (j = 0; j < DQC / 16; ++j) {
+                        uint32_t bk[4];
+                        FA_I_LOAD_B_KN(bk, sk, LD, i * 16, cw * DQC + j * 16);
+                        FA_I_MMA(dq[2 * j], ads, bk[0], bk[1]);
+                        FA_I_MMA(dq[2 * j + 1], ads, bk[2], bk[3]);
+                    }
+                }
+#pragma unroll
+                for (i = 0; i < DQC / 8; ++i) {
+                    const int q0 = r0 + qw * 16 + (lane >> 2), col = cw * DQC + i * 8 + 2 * (lane & 3);
+                    if (q0 < p.seqlen_q) {
+                        atomicAdd(acc + (int64_t)q0 * D + col, dq[i][0]);
+                        atomicAdd(acc + (int64_t)q0 * D + col + 1, dq[i][1]);
+                    }
+                    if (q0 + 8 < p.seqlen_q) {
+                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col, dq[i][2]);
+                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col + 1, dq[i][3]);
+                    }
+                }
+            }
+        }
+    }
+    fa_i_cp_async_wait_0();
+    {
+        uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
+        uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
+#pragma unroll
+        for (i = 0; i < DS / 8; ++i) {
+            const int col = wd * DS + i * 8 + 2 * (lane & 3);
+            if (key0 < p.seqlen_k) {
+                *(uint32_t *)(gdk + key0 * p.dk_layout.seq + col) =
+                    FA_I_PACK(dk[i][0] * p.scale, dk[i][1] * p.scale);
+                *(uint32_t *)(gdv + key0 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][0], dv[i][1]);
+            }
+            if (key1 < p.seqlen_k) {
+                *(uint32_t *)(gdk + key1 * p.dk_layout.seq + col) =
+                    FA_I_PACK(dk[i][2] * p.scale, dk[i][3] * p.scale);
+                *(uint32_t *)(gdv + key1 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][2], dv[i][3]);
+            }
+        }
+    }
+}
+#undef FA_I_BWD_MODE
+#undef FA_I_BWD_MODE_1
+#undef FA_I_BWD_MODE_0
 #endif

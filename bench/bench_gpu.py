@@ -13,8 +13,9 @@ bench/results_gpu.png.
 
 Usage: python3 bench/bench_gpu.py [--quick] [--dtypes bf16,fp16] [--dims 64,128,256]
            [--sizes 1024,4096] [--no-backward] [--extra NAME=path/to/shim.so ...]
---extra times the forward of further builds of tests/shim_cuda.cu (tile or
-ablation variants) as columns NAME; a build that lacks a head dim is skipped.
+--extra times further builds of tests/shim_cuda.cu (tile or ablation
+variants), forward and backward, as columns NAME; a build that lacks a head
+dim is skipped.
 """
 import argparse
 import ctypes
@@ -59,6 +60,10 @@ FORWARD_BUILDS = {
     "nooverlap": fa._load("libflashattn_cuda_nooverlap.so"),
     "nopingpong": fa._load("libflashattn_cuda_nopingpong.so"),
 }
+
+
+# --extra builds (tile variants), timed forward and backward as columns of their own.
+EXTRA = []
 
 
 class Ours:
@@ -164,11 +169,24 @@ def run_config(dtype, d, n, causal, reps, backward=True):
         impl.forward()
         torch.cuda.synchronize()
         check(f"o_{build}", o, ref)
+        if backward and build in EXTRA:  # its own backward too (tile variants)
+            for deterministic in (0, 1):
+                for t in (dq, dk, dv):
+                    t.fill_(float("nan"))
+                impl.backward(deterministic)
+                torch.cuda.synchronize()
+                for name, got, want in (("dq", dq, grads[0]), ("dk", dk, grads[1]),
+                                        ("dv", dv, grads[2])):
+                    check(f"{name}_{build}{deterministic}", got, want)
     del qt, kt, vt, ref, grads
 
     row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
     for build, impl in builds.items():
         row[f"{build}_fwd"] = flops / median_ms(impl.forward, reps) / 1e9
+        if backward and build in EXTRA:
+            row[f"{build}_bwd"] = 2.5 * flops / median_ms(impl.backward, reps) / 1e9
+            row[f"{build}_bwd_det"] = 2.5 * flops / median_ms(lambda: impl.backward(1),
+                                                              reps) / 1e9
     if backward:
         row["ours_bwd"] = 2.5 * flops / median_ms(ours.backward, reps) / 1e9
         row["ours_bwd_det"] = 2.5 * flops / median_ms(lambda: ours.backward(1), reps) / 1e9
@@ -195,7 +213,7 @@ ALGORITHMS = {1: "FA1", 2: "FA2", 3: "FA3"}
 
 
 def forward_table(rows):
-    extra = [b for b in FORWARD_BUILDS if b not in ("ours", "fa2", "nooverlap", "nopingpong")]
+    extra = EXTRA
     head = ("| dtype | d | N | causal | ours | ours fwd | flash fwd | cuDNN fwd | ours/flash | "
             "ours/cuDNN | ours FA2 fwd | FA2/flash | no overlap | no ping-pong |" +
             "".join(f" {b} |" for b in extra))
@@ -213,13 +231,15 @@ def forward_table(rows):
 
 def backward_table(rows):
     head = ("| dtype | d | N | causal | ours bwd | flash bwd | cuDNN bwd | ours/flash | "
-            "ours/cuDNN | ours bwd deterministic |")
-    lines = [head, "|" + "---|" * 10]
+            "ours/cuDNN | ours bwd deterministic |" +
+            "".join(f" {b} bwd | {b} deterministic |" for b in EXTRA))
+    lines = [head, "|" + "---|" * (10 + 2 * len(EXTRA))]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | {fmt(r, 'ours_bwd')} | "
             f"{fmt(r, 'flash_bwd')} | {fmt(r, 'cudnn_bwd')} | {ratio(r, 'ours_bwd', 'flash_bwd')} | "
-            f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} | {fmt(r, 'ours_bwd_det')} |")
+            f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} | {fmt(r, 'ours_bwd_det')} |" +
+            "".join(f" {fmt(r, b + '_bwd')} | {fmt(r, b + '_bwd_det')} |" for b in EXTRA))
     return lines
 
 
@@ -262,6 +282,7 @@ def main():
     for spec in args.extra:
         name, path = spec.split("=", 1)
         FORWARD_BUILDS[name] = ctypes.CDLL(os.path.abspath(path))
+        EXTRA.append(name)
         FORWARD_BUILDS[name].fa_last_error_detail.restype = ctypes.c_char_p
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_gpu: needs a GPU, the CUDA shim (make) and PyTorch; skipped")

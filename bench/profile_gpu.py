@@ -1,0 +1,42 @@
+"""One configuration, each kernel launched once, for a profiler (never a
+benchmark): our FA2 forward (FA_SM90=0 build), our backward in both modes,
+then PyTorch's flash forward and backward on the same inputs.
+
+Usage: ncu --section SpeedOfLight ... python3 bench/profile_gpu.py [--d 128] [--n 4096]
+           [--causal] [--dtype bf16]
+B = 16384 / N and H = 2048 / d, as in the benchmark's sweep."""
+import argparse
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+
+from bench_gpu import Ours
+import fa
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--dtype", default="bf16")
+    args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    b, h, n, d = 16384 // args.n, 2048 // args.d, args.n, args.d
+    q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=dtype) for _ in range(4))
+    o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    lse = torch.empty(b, h, n, device="cuda", dtype=torch.float32)
+    ours = Ours(q, k, v, o, lse, dout, dq, dk, dv, args.causal, lib=fa.GPU_FA2 or fa.GPU)
+    ours.forward()
+    ours.backward(0)
+    ours.backward(1)
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+    torch.autograd.grad(out, (qt, kt, vt), dout.transpose(1, 2))
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,8 +21,9 @@
      backward  preprocess D = rowsum(dO * O); one CTA per (key block, kv
                head, batch) keeps dK, dV in registers and adds dQ into an
                fp32 workspace with atomics; postprocess converts dQ.
-               Deterministic mode: the same kernel without dQ, plus a dQ
-               kernel parallel over query blocks (no atomics).
+               Deterministic mode: the same kernel stamped without dQ (on
+               its own tile), plus a dQ kernel parallel over query blocks
+               (no atomics).
      forward   FA3 (Hopper, built for sm_90a, head dims 64 128 256; runtime
                dispatch picks it on compute capability 9.0): persistent CTAs,
                one per SM, each taking pairs of query tiles. A producer

@@ -401,35 +401,23 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    row, walking one pointer down the rows (with d = 96, 160 or 192 a few
    threads idle). tid is made opaque first: otherwise the compiler hoists
    every chunk's address out of the caller's key loop and holds them all in
-   registers (2 each), which spills the 64-key tiles. The row loop has a
-   compile-time trip count, and only a tile that crosses `rows` pays for the
-   per-row check (about 10 instructions per chunk instead of 3). */
+   registers (2 each), which spills the 64-key tiles. */
 static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, int row0, int rows,
                                                        int tile_rows, int d, int ld, int tid,
                                                        int nthreads)
 {
-    const int chunks = d / 8, step = nthreads / chunks, passes = (tile_rows + step - 1) / step;
-    int r, col, i;
+    const int chunks = d / 8, step = nthreads / chunks;
+    int r, col;
     const uint16_t *src;
     asm volatile("" : "+r"(tid));
     if (tid >= step * chunks) return;
     r = tid / chunks;
     col = (tid % chunks) * 8;
-    smem += r * ld + col;
     src = g + (int64_t)(row0 + r) * stride + col;
-    if (row0 + tile_rows <= rows) {
-#pragma unroll
-        for (i = 0; i < passes; ++i, src += step * stride)
-            if (tile_rows % step == 0 || r + i * step < tile_rows)
-                fa_i_cp_async16(smem + i * step * ld, src, 16);
-    } else {
-#pragma unroll
-        for (i = 0; i < passes; ++i, src += step * stride) {
-            const int valid = row0 + r + i * step < rows;
-            if (tile_rows % step == 0 || r + i * step < tile_rows)
-                fa_i_cp_async16(smem + i * step * ld, valid ? src : g, valid ? 16 : 0);
-        }
+    for (; r < tile_rows; r += step, src += step * stride) {
+        const int valid = row0 + r < rows;
+        fa_i_cp_async16(smem + r * ld + col, valid ? src : g, valid ? 16 : 0);
     }
 }
 

@@ -1317,6 +1317,37 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
         frag[3] = FA_I_PACK(acc[2 * (kk) + 1][2], acc[2 * (kk) + 1][3]); \
     } while (0)
 
+/* The backward's two score products, sharing one k loop over the head dim:
+   c1 = a1 b1^T and c2 = a2 b2^T (accumulators [n / 8][4], zeroed here) for
+   the 16 rows from r0 of the smem tiles a1, a2 and the n rows of b1, b2, all
+   with pitch d + 8. S and dP, or S^T and dP^T, come from it. */
+static __device__ __forceinline__ void FA_I_NAME(gemm_nt_pair, FA_I_DT)(
+    float (*c1)[4], float (*c2)[4], const uint16_t *a1, const uint16_t *a2, int r0,
+    const uint16_t *b1, const uint16_t *b2, int n)
+{
+    const int lane = threadIdx.x & 31, ld = FA_I_D + 8;
+    int i, j;
+#pragma unroll
+    for (i = 0; i < n / 8; ++i)
+        c1[i][0] = c1[i][1] = c1[i][2] = c1[i][3] = c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.0f;
+#pragma unroll
+    for (i = 0; i < FA_I_D / 16; ++i) {
+        uint32_t f1[4], f2[4];
+        FA_I_LOAD_A(f1, a1, ld, r0, i * 16);
+        FA_I_LOAD_A(f2, a2, ld, r0, i * 16);
+#pragma unroll
+        for (j = 0; j < n / 16; ++j) {
+            uint32_t g1[4], g2[4];
+            FA_I_LOAD_B_NK(g1, b1, ld, j * 16, i * 16);
+            FA_I_LOAD_B_NK(g2, b2, ld, j * 16, i * 16);
+            FA_I_MMA(c1[2 * j], f1, g1[0], g1[1]);
+            FA_I_MMA(c1[2 * j + 1], f1, g1[2], g1[3]);
+            FA_I_MMA(c2[2 * j], f2, g2[0], g2[1]);
+            FA_I_MMA(c2[2 * j + 1], f2, g2[2], g2[3]);
+        }
+    }
+}
+
 /* ---- forward (FA2) ----------------------------------------------------------
    Each warp owns MT m16 row tiles (16 * MT query rows): every K and V
    fragment read from shared memory feeds MT MMAs, which halves the smem
@@ -1640,25 +1671,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
                             D, LD, tid, NT);
         }
         fa_i_cp_async_commit();
-#pragma unroll
-        for (i = 0; i < BN / 8; ++i)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-#pragma unroll
-        for (i = 0; i < D / 16; ++i) { /* S = Q K^T, dP = dO V^T */
-            uint32_t aq[4], ao[4];
-            FA_I_LOAD_A(aq, sq, LD, warp * 16, i * 16);
-            FA_I_LOAD_A(ao, sdo, LD, warp * 16, i * 16);
-#pragma unroll
-            for (j = 0; j < BN / 16; ++j) {
-                uint32_t bk[4], bv[4];
-                FA_I_LOAD_B_NK(bk, skt, LD, j * 16, i * 16);
-                FA_I_LOAD_B_NK(bv, svt, LD, j * 16, i * 16);
-                FA_I_MMA(s[2 * j], aq, bk[0], bk[1]);
-                FA_I_MMA(s[2 * j + 1], aq, bk[2], bk[3]);
-                FA_I_MMA(dp[2 * j], ao, bv[0], bv[1]);
-                FA_I_MMA(dp[2 * j + 1], ao, bv[2], bv[3]);
-            }
-        }
+        /* S = Q K^T, dP = dO V^T */
+        FA_I_NAME(gemm_nt_pair, FA_I_DT)(s, dp, sq, sdo, warp * 16, skt, svt, BN);
         /* dS = P (dP - D), with softcap and mask in their own uniform branches. */
         if (p.softcap > 0.0f)
 #pragma unroll
@@ -2142,27 +2156,8 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
                                          tid, NT);
         }
         fa_i_cp_async_commit();
-
-#pragma unroll
-        for (i = 0; i < BM / 8; ++i)
-            st[i][0] = st[i][1] = st[i][2] = st[i][3] = dpt[i][0] = dpt[i][1] = dpt[i][2] =
-                dpt[i][3] = 0.0f;
-#pragma unroll
-        for (i = 0; i < D / 16; ++i) { /* S^T = K Q^T and dP^T = V dO^T for this warp's keys */
-            uint32_t ak[4], av[4];
-            FA_I_LOAD_A(ak, sk, LD, kw * 16, i * 16);
-            FA_I_LOAD_A(av, sv, LD, kw * 16, i * 16);
-#pragma unroll
-            for (j = 0; j < BM / 16; ++j) {
-                uint32_t bq[4], bo[4];
-                FA_I_LOAD_B_NK(bq, sqt, LD, j * 16, i * 16);
-                FA_I_LOAD_B_NK(bo, sdot, LD, j * 16, i * 16);
-                FA_I_MMA(st[2 * j], ak, bq[0], bq[1]);
-                FA_I_MMA(st[2 * j + 1], ak, bq[2], bq[3]);
-                FA_I_MMA(dpt[2 * j], av, bo[0], bo[1]);
-                FA_I_MMA(dpt[2 * j + 1], av, bo[2], bo[3]);
-            }
-        }
+        /* S^T = K Q^T and dP^T = V dO^T for this warp's keys */
+        FA_I_NAME(gemm_nt_pair, FA_I_DT)(st, dpt, sk, sv, kw * 16, sqt, sdot, BM);
         /* P^T and dS^T = P^T (dP^T - D). Softcap and mask are uniform branches
            around their own loops, so the common loop has neither. */
         if (p.softcap > 0.0f)

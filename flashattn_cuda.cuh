@@ -421,6 +421,16 @@ static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uin
     }
 }
 
+/* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv) into the
+   smem tiles sk, sv. */
+static __device__ __forceinline__ void fa_i_async_kv(uint16_t *sk, uint16_t *sv, const uint16_t *gk,
+                                                     const uint16_t *gv, const fa_params *p, int c0,
+                                                     int bn, int d, int ld, int tid, int nthreads)
+{
+    fa_i_async_tile(sk, gk, p->k_layout.seq, c0, p->seqlen_k, bn, d, ld, tid, nthreads);
+    fa_i_async_tile(sv, gv, p->v_layout.seq, c0, p->seqlen_k, bn, d, ld, tid, nthreads);
+}
+
 /* Base-2 score of a raw logit x = q.k: scale * log2(e) * x, or with softcap
    c: c * log2(e) * tanh(scale * x / c). */
 static __device__ __forceinline__ float fa_i_score(const fa_params *p, float x)
@@ -1389,10 +1399,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         for (i = 0; i < D / 8; ++i) o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.0f;
 
     fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
-    if (n_first < n_end) {
-        fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
-        fa_i_async_tile(sv, gv, p.v_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
-    }
+    if (n_first < n_end) fa_i_async_kv(sk, sv, gk, gv, &p, n_first * BN, BN, D, LD, tid, NT);
     fa_i_cp_async_commit();
     for (n = n_first; n < n_end; ++n) {
         const int stage = (n - n_first) & 1, c0 = n * BN;
@@ -1406,10 +1413,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         fa_i_cp_async_wait_0();
         __syncthreads();
         if (n + 1 < n_end) {
-            fa_i_async_tile(sk + (stage ^ 1) * BN * LD, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN,
-                            D, LD, tid, NT);
-            fa_i_async_tile(sv + (stage ^ 1) * BN * LD, gv, p.v_layout.seq, c0 + BN, p.seqlen_k, BN,
-                            D, LD, tid, NT);
+            fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p,
+                          c0 + BN, BN, D, LD, tid, NT);
         }
         fa_i_cp_async_commit();
 
@@ -1653,10 +1658,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
                     p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
     fa_i_async_tile(sdo, (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, 0),
                     p.dout_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
-    if (n_first < n_end) {
-        fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
-        fa_i_async_tile(sv, gv, p.v_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
-    }
+    if (n_first < n_end) fa_i_async_kv(sk, sv, gk, gv, &p, n_first * BN, BN, D, LD, tid, NT);
     fa_i_cp_async_commit();
     for (n = n_first; n < n_end; ++n) {
         const int stage = (n - n_first) & 1, c0 = n * BN;
@@ -1665,10 +1667,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         fa_i_cp_async_wait_0(); /* one barrier per block, as in the forward */
         __syncthreads();
         if (n + 1 < n_end) {
-            fa_i_async_tile(sk + (stage ^ 1) * BN * LD, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN,
-                            D, LD, tid, NT);
-            fa_i_async_tile(sv + (stage ^ 1) * BN * LD, gv, p.v_layout.seq, c0 + BN, p.seqlen_k, BN,
-                            D, LD, tid, NT);
+            fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p,
+                          c0 + BN, BN, D, LD, tid, NT);
         }
         fa_i_cp_async_commit();
         /* S = Q K^T, dP = dO V^T */
@@ -2126,10 +2126,9 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
     for (i = 0; i < DS / 8; ++i)
         dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
 
-    fa_i_async_tile(sk, (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0),
-                    p.k_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
-    fa_i_async_tile(sv, (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0),
-                    p.v_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
+    fa_i_async_kv(sk, sv, (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0),
+                  (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0), &p, c0, BN, D, LD,
+                  tid, NT);
     if (steps > 0)
         FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group, (first / BM) * BM, sq, sdo, slse, sdsum,
                                      slo, shi, BM, D, LD, tid, NT);

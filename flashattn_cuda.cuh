@@ -1958,20 +1958,27 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
 #define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
 #define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, last, (n) * BN, (n) * BN + BN) != 2)
+/* Tile n's scores on their own: S = Q K(n)^T, K's stage released, the
+   softmax, O rescaled and P packed (the first tile with the overlap, every
+   tile without it). */
+#define FA_I_SM90_SCORES(n)                                                              \
+    do {                                                                                 \
+        fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));                      \
+        fa_i_sm90_turn_begin(cw);                                                        \
+        FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);                        \
+        fa_i_sm90_turn_end(cw, NC);                                                      \
+        FA_I_WGMMA_WAIT(0);                                                              \
+        fa_i_fence_f32(s, BN / 2);                                                       \
+        if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));                    \
+        FA_I_SNAME(sm90_softmax)(&p, s, (n) * BN, FA_I_MASKED(n), lo, hi, log2_scale,    \
+                                 m_run, l_run, alpha);                                   \
+        FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);                                  \
+    } while (0)
 #if FA_SM90_OVERLAP
             /* Tile n's S is issued together with tile n-1's PV: the softmax
                of n runs while PV(n-1) is on the tensor cores. */
             if (n_first < n_end) {
-                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n_first), FA_I_PARITY(n_first));
-                fa_i_sm90_turn_begin(cw);
-                FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n_first) * TILE);
-                fa_i_sm90_turn_end(cw, NC);
-                FA_I_WGMMA_WAIT(0);
-                fa_i_fence_f32(s, BN / 2);
-                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n_first));
-                FA_I_SNAME(sm90_softmax)(&p, s, n_first * BN, FA_I_MASKED(n_first), lo,
-                                                 hi, log2_scale, m_run, l_run, alpha);
-                FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
+                FA_I_SM90_SCORES(n_first);
                 for (n = n_first + 1; n < n_end; ++n) {
                     fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
                     fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n - 1), FA_I_PARITY(n - 1));
@@ -2001,16 +2008,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #else
             /* No overlap: S, softmax, then PV, one tile after another. */
             for (n = n_first; n < n_end; ++n) {
-                fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
-                fa_i_sm90_turn_begin(cw);
-                FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
-                fa_i_sm90_turn_end(cw, NC);
-                FA_I_WGMMA_WAIT(0);
-                fa_i_fence_f32(s, BN / 2);
-                if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
-                FA_I_SNAME(sm90_softmax)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
-                                                 log2_scale, m_run, l_run, alpha);
-                FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
+                FA_I_SM90_SCORES(n);
                 fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
                 FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n) * TILE);
                 FA_I_WGMMA_WAIT(0);
@@ -2019,6 +2017,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
             }
 #endif
+#undef FA_I_SM90_SCORES
 #undef FA_I_STAGE
 #undef FA_I_PARITY
 #undef FA_I_MASKED

@@ -48,7 +48,9 @@
                      (the last two are ablation switches, as in the FA3 paper)
      FA_SM90_ROWS_<d>, FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper tile for
                      d = 64, 128, 256: query rows (128 or 192), keys, K/V
-                     pipeline stages (default: the table below)
+                     pipeline stages (default: the table below); with 192
+                     rows at d = 64 a 128-row tile is built too and runs
+                     causal problems with Nq < 4096
 
    LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
    strides multiples of 8 elements); heads_q and batch <= 65535. The Hopper
@@ -308,10 +310,6 @@ static __device__ __forceinline__ void fa_i_cp_async16(void *smem, const void *g
 static __device__ __forceinline__ void fa_i_cp_async_commit(void)
 {
     asm volatile("cp.async.commit_group;\n" ::);
-}
-static __device__ __forceinline__ void fa_i_cp_async_wait_1(void)
-{
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 static __device__ __forceinline__ void fa_i_cp_async_wait_0(void)
 {

@@ -57,8 +57,8 @@ def median_ms(fn, reps):
 FORWARD_BUILDS = {
     "ours": fa.GPU,
     "fa2": fa.GPU_FA2,
-    "nooverlap": fa._load("libflashattn_cuda_nooverlap.so"),
-    "nopingpong": fa._load("libflashattn_cuda_nopingpong.so"),
+    "nooverlap": fa.load_gpu("libflashattn_cuda_nooverlap.so"),
+    "nopingpong": fa.load_gpu("libflashattn_cuda_nopingpong.so"),
 }
 
 
@@ -81,7 +81,6 @@ class Ours:
             setattr(p, name, t.data_ptr())
         p.lse = lse.data_ptr()
         self.p = p
-        self.lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t
         size = self.lib.fa_cuda_backward_workspace_size(ctypes.byref(p), 0)  # the larger one
         self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
 
@@ -154,9 +153,12 @@ def run_config(dtype, d, n, causal, reps, backward=True):
         row[f"err_{name}"] = err
         assert err < 2e-2, f"{dtype} d={d} N={n} causal={causal}: {name} error {err:.3g}"
 
-    for name, got, want in (("o", o, ref), ("dq", dq, grads[0]), ("dk", dk, grads[1]),
-                            ("dv", dv, grads[2])):
-        check(name, got, want)
+    def check_grads(suffix):
+        for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+            check(name + suffix, got, want)
+
+    check("o", o, ref)
+    check_grads("")
     builds = {}
     for build, lib in FORWARD_BUILDS.items():
         if lib is None or build == "ours":
@@ -175,9 +177,7 @@ def run_config(dtype, d, n, causal, reps, backward=True):
                     t.fill_(float("nan"))
                 impl.backward(deterministic)
                 torch.cuda.synchronize()
-                for name, got, want in (("dq", dq, grads[0]), ("dk", dk, grads[1]),
-                                        ("dv", dv, grads[2])):
-                    check(f"{name}_{build}{deterministic}", got, want)
+                check_grads(f"_{build}{deterministic}")
     del qt, kt, vt, ref, grads
 
     row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
@@ -213,11 +213,10 @@ ALGORITHMS = {1: "FA1", 2: "FA2", 3: "FA3"}
 
 
 def forward_table(rows):
-    extra = EXTRA
     head = ("| dtype | d | N | causal | ours | ours fwd | flash fwd | cuDNN fwd | ours/flash | "
             "ours/cuDNN | ours FA2 fwd | FA2/flash | no overlap | no ping-pong |" +
-            "".join(f" {b} |" for b in extra))
-    lines = [head, "|" + "---|" * (14 + len(extra))]
+            "".join(f" {b} |" for b in EXTRA))
+    lines = [head, "|" + "---|" * (14 + len(EXTRA))]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | "
@@ -225,7 +224,7 @@ def forward_table(rows):
             f"{fmt(r, 'flash_fwd')} | {fmt(r, 'cudnn_fwd')} | {ratio(r, 'ours_fwd', 'flash_fwd')} | "
             f"{ratio(r, 'ours_fwd', 'cudnn_fwd')} | {fmt(r, 'fa2_fwd')} | "
             f"{ratio(r, 'fa2_fwd', 'flash_fwd')} | {fmt(r, 'nooverlap_fwd')} | "
-            f"{fmt(r, 'nopingpong_fwd')} |" + "".join(f" {fmt(r, b + '_fwd')} |" for b in extra))
+            f"{fmt(r, 'nopingpong_fwd')} |" + "".join(f" {fmt(r, b + '_fwd')} |" for b in EXTRA))
     return lines
 
 
@@ -281,9 +280,10 @@ def main():
     args = ap.parse_args()
     for spec in args.extra:
         name, path = spec.split("=", 1)
-        FORWARD_BUILDS[name] = ctypes.CDLL(os.path.abspath(path))
+        FORWARD_BUILDS[name] = fa.load_gpu(os.path.abspath(path))
+        if FORWARD_BUILDS[name] is None:
+            raise SystemExit(f"bench_gpu: {path} does not exist")
         EXTRA.append(name)
-        FORWARD_BUILDS[name].fa_last_error_detail.restype = ctypes.c_char_p
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_gpu: needs a GPU, the CUDA shim (make) and PyTorch; skipped")
         return

@@ -6,14 +6,12 @@
 set -uo pipefail
 out=$1
 shift
-arch=-gencode=arch=compute_90a,code=sm_90a
 extra=()
 dims=()
 for spec in "$@"; do
     name=${spec%%:*}
     flags=${spec#*:}
-    nvcc -O3 -Xcompiler -fPIC $arch -DFA_CUDA_DTYPE=2 $flags -shared \
-        -o "build/variant_$name.so" tests/shim_cuda.cu &
+    bash bench/tile_variant.sh "$name" '' -DFA_CUDA_DTYPE=2 $flags &
     extra+=(--extra "$name=build/variant_$name.so")
     dims+=("$(sed -n 's/.*-DFA_HEAD_DIM=\([0-9]*\).*/\1/p' <<<"$flags")")
 done

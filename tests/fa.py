@@ -52,7 +52,7 @@ class CpuOptions(ctypes.Structure):
 
 
 def _load(name):
-    path = os.path.join(BUILD, name)
+    path = os.path.join(BUILD, name)  # an absolute name is taken as it is
     if not os.path.exists(path):
         return None
     lib = ctypes.CDLL(path)
@@ -251,11 +251,16 @@ def status_name(code):
 
 # GPU shims, built by `make test` only where a GPU is present: the default
 # build (FA3 on Hopper, FA2 elsewhere), FA2 forced (FA_SM90=0), FA1.
-GPU = _load("libflashattn_cuda_test.so")
-GPU_FA2 = _load("libflashattn_cuda_fa2_test.so")
-GPU_FA1 = _load("libflashattn_cuda_fa1_test.so")
-for _lib in (GPU, GPU_FA2, GPU_FA1):
-    if _lib is not None:
-        _lib.fa_test_gpu_backward_workspace_size.restype = ctypes.c_size_t
-        _lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t
-        _lib.fa_test_gpu_backward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+def load_gpu(name):
+    """A build of tests/shim_cuda.cu (in build/, or an absolute path), or None."""
+    lib = _load(name)
+    if lib is not None:
+        lib.fa_test_gpu_backward_workspace_size.restype = ctypes.c_size_t
+        lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t
+        lib.fa_test_gpu_backward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return lib
+
+
+GPU = load_gpu("libflashattn_cuda_test.so")
+GPU_FA2 = load_gpu("libflashattn_cuda_fa2_test.so")
+GPU_FA1 = load_gpu("libflashattn_cuda_fa1_test.so")

@@ -41,6 +41,8 @@
      FA_CUDA_DTYPE   0 (default: f16 and bf16), 1 f16 only, 2 bf16 only
      FA_BLOCK_M, FA_BLOCK_N, FA_NUM_WARPS   forward tile for every head dim
                      (default: the table below); FA_BLOCK_M = 16 or 32 * FA_NUM_WARPS
+     FA_KV_STAGES    FA2 forward K/V buffers for every head dim: 2 (double
+                     buffering) or 1 (the FA2 paper's order); default: the table
      FA_SM90         1 (default) builds the Hopper forward (needs CUDA >= 12.5
                      and -gencode=arch=compute_90a,code=sm_90a to run), 0 not
      FA_SM90_OVERLAP  1 (default): QK^T of tile j+1 overlaps the softmax of j
@@ -125,6 +127,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #if FA_CUDA_DTYPE < 0 || FA_CUDA_DTYPE > 2
 #error "flashattn: FA_CUDA_DTYPE must be 0 (both), 1 (f16) or 2 (bf16)"
 #endif
+#if defined(FA_KV_STAGES) && FA_KV_STAGES != 1 && FA_KV_STAGES != 2
+#error "flashattn: FA_KV_STAGES must be 1 or 2"
+#endif
 #if defined(FA_BLOCK_M) || defined(FA_BLOCK_N) || defined(FA_NUM_WARPS)
 #if !defined(FA_BLOCK_M) || !defined(FA_BLOCK_N) || !defined(FA_NUM_WARPS)
 #error "flashattn: define FA_BLOCK_M, FA_BLOCK_N and FA_NUM_WARPS together"
@@ -160,7 +165,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 /* Tile table: forward (query rows per CTA, keys per tile, warps; each warp
    owns rows / warps = 16 or 32 rows); backward dK/dV kernel (keys per CTA,
    query rows per step, warps splitting the head dim for the dK/dV
-   accumulators; 16 keys per warp), once with dQ by atomics (BWD) and once
+   accumulators, keys per warp: 16 or 32), once with dQ by atomics (BWD) and once
    without (BWD_DET, the deterministic mode); backward dQ kernel (query
    rows, keys per tile, warps). Chosen so that the registers hold the
    accumulators without spills and the shared memory (each row padded by 16
@@ -173,21 +178,32 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_FWD_128 128, 64, 4
 #define FA_I_FWD_160 64, 64, 4
 #define FA_I_FWD_192 64, 64, 4
-#define FA_I_FWD_256 64, 32, 4
-#define FA_I_BWD_32 64, 32, 1
-#define FA_I_BWD_64 128, 64, 1
-#define FA_I_BWD_96 64, 32, 1
-#define FA_I_BWD_128 128, 32, 1
-#define FA_I_BWD_160 64, 32, 2
-#define FA_I_BWD_192 64, 32, 2
-#define FA_I_BWD_256 64, 32, 2
-#define FA_I_BWD_DET_32 64, 32, 1
-#define FA_I_BWD_DET_64 64, 64, 1
-#define FA_I_BWD_DET_96 64, 32, 1
-#define FA_I_BWD_DET_128 64, 32, 1
-#define FA_I_BWD_DET_160 64, 32, 2
-#define FA_I_BWD_DET_192 64, 32, 2
-#define FA_I_BWD_DET_256 64, 32, 2
+#define FA_I_FWD_256 64, 64, 4
+/* K/V stages of the forward: 2 double-buffers K and V (one barrier per key
+   block); 1 keeps one buffer of each, loading V during QK^T and the next K
+   during PV (two barriers per block), the FA2 order that fits a 64-key
+   tile at d = 256 with two CTAs per SM. */
+#define FA_I_FWD_STAGES_32 2
+#define FA_I_FWD_STAGES_64 2
+#define FA_I_FWD_STAGES_96 2
+#define FA_I_FWD_STAGES_128 2
+#define FA_I_FWD_STAGES_160 2
+#define FA_I_FWD_STAGES_192 2
+#define FA_I_FWD_STAGES_256 1
+#define FA_I_BWD_32 64, 32, 1, 16
+#define FA_I_BWD_64 128, 64, 1, 16
+#define FA_I_BWD_96 64, 32, 1, 16
+#define FA_I_BWD_128 128, 32, 1, 16
+#define FA_I_BWD_160 64, 32, 2, 16
+#define FA_I_BWD_192 64, 32, 2, 16
+#define FA_I_BWD_256 64, 32, 2, 16
+#define FA_I_BWD_DET_32 64, 32, 1, 16
+#define FA_I_BWD_DET_64 128, 32, 1, 32
+#define FA_I_BWD_DET_96 64, 32, 1, 16
+#define FA_I_BWD_DET_128 64, 32, 1, 16
+#define FA_I_BWD_DET_160 64, 32, 2, 16
+#define FA_I_BWD_DET_192 64, 32, 2, 16
+#define FA_I_BWD_DET_256 64, 32, 2, 16
 #define FA_I_BWDQ_32 64, 64, 4
 #define FA_I_BWDQ_64 64, 64, 4
 #define FA_I_BWDQ_96 64, 64, 4
@@ -248,6 +264,14 @@ static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 *
 #define FA_I_SECOND(a, b, c) b
 #define FA_I_THIRD(a, b, c) c
 #define FA_I_APPLY(f, args) f args
+/* Fields of a backward dK/dV tile: keys per CTA, query rows per step, warps
+   over the head dim, keys per warp. */
+#define FA_I_B_KEYS(a, b, c, d) a
+#define FA_I_B_ROWS(a, b, c, d) b
+#define FA_I_B_WD(a, b, c, d) c
+#define FA_I_B_KPW(a, b, c, d) d
+#define FA_I_B_THREADS(cfg) \
+    (32 * FA_I_CFG(cfg, FA_I_B_KEYS) / FA_I_CFG(cfg, FA_I_B_KPW) * FA_I_CFG(cfg, FA_I_B_WD))
 
 #define FA_I_LOG2E_F 1.4426950408889634f
 #define FA_I_LN2_F 0.6931471805599453f
@@ -1166,17 +1190,23 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #else
 #define FA_I_FWD_CFG (FA_I_CAT(FA_I_FWD_, FA_I_D))
 #endif
+#ifdef FA_KV_STAGES
+#define FA_I_FWD_STAGES FA_KV_STAGES
+#else
+#define FA_I_FWD_STAGES FA_I_CAT(FA_I_FWD_STAGES_, FA_I_D)
+#endif
 #define FA_I_BWD_CFG_ATOMIC (FA_I_CAT(FA_I_BWD_, FA_I_D))
 #define FA_I_BWD_CFG_DET (FA_I_CAT(FA_I_BWD_DET_, FA_I_D))
 #define FA_I_BWDQ_CFG (FA_I_CAT(FA_I_BWDQ_, FA_I_D))
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
 /* Shared memory of each kernel in bytes (16-bit rows padded by 8 elements). */
-#define FA_I_FWD_SMEM \
-    (2 * (FA_I_D + 8) * (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
+#define FA_I_FWD_SMEM                                                       \
+    (2 * (FA_I_D + 8) *                                                     \
+     (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
 #define FA_I_BWD_SMEM(cfg)                                                                    \
-    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_FIRST) + 4 * FA_I_CFG(cfg, FA_I_SECOND)) +      \
-          FA_I_CFG(cfg, FA_I_FIRST) * (FA_I_CFG(cfg, FA_I_SECOND) + 8)) +                      \
-     4 * 4 * 2 * FA_I_CFG(cfg, FA_I_SECOND))
+    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_B_KEYS) + 4 * FA_I_CFG(cfg, FA_I_B_ROWS)) +    \
+          FA_I_CFG(cfg, FA_I_B_KEYS) * (FA_I_CFG(cfg, FA_I_B_ROWS) + 8)) +                     \
+     4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
@@ -1246,8 +1276,8 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 #define FA_I_PASS 1
 
 #define FA_I_BWD_ENTRY(dt, mode, cfg)                                                         \
-    {(const void *)FA_I_NAME(bwd_kv, FA_I_CAT(dt, mode)), FA_I_CFG(cfg, FA_I_FIRST),          \
-     2 * FA_I_CFG(cfg, FA_I_FIRST) * FA_I_CFG(cfg, FA_I_THIRD), FA_I_BWD_SMEM(cfg)}
+    {(const void *)FA_I_NAME(bwd_kv, FA_I_CAT(dt, mode)), FA_I_CFG(cfg, FA_I_B_KEYS),         \
+     FA_I_B_THREADS(cfg), FA_I_BWD_SMEM(cfg)}
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
@@ -1285,6 +1315,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_BWD_SMEM
 #undef FA_I_BWDQ_SMEM
 #undef FA_I_FWD_CFG
+#undef FA_I_FWD_STAGES
 #undef FA_I_BWD_CFG_ATOMIC
 #undef FA_I_BWD_CFG_DET
 #undef FA_I_BWDQ_CFG
@@ -1326,32 +1357,39 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
     } while (0)
 
 /* The backward's two score products, sharing one k loop over the head dim:
-   c1 = a1 b1^T and c2 = a2 b2^T (accumulators [n / 8][4], zeroed here) for
-   the 16 rows from r0 of the smem tiles a1, a2 and the n rows of b1, b2, all
-   with pitch d + 8. S and dP, or S^T and dP^T, come from it. */
+   c1 = a1 b1^T and c2 = a2 b2^T (accumulators [mt * n / 8][4], zeroed here;
+   row tile m at [m * n / 8]) for the 16 * mt (1 or 2) rows from r0 of the
+   smem tiles a1, a2 and the n rows of b1, b2, all with pitch d + 8. Each B
+   fragment feeds 2 * mt MMAs. S and dP, or S^T and dP^T, come from it. */
 static __device__ __forceinline__ void FA_I_NAME(gemm_nt_pair, FA_I_DT)(
-    float (*c1)[4], float (*c2)[4], const uint16_t *a1, const uint16_t *a2, int r0,
+    float (*c1)[4], float (*c2)[4], const uint16_t *a1, const uint16_t *a2, int r0, int mt,
     const uint16_t *b1, const uint16_t *b2, int n)
 {
     const int lane = threadIdx.x & 31, ld = FA_I_D + 8;
-    int i, j;
+    int i, j, m;
 #pragma unroll
-    for (i = 0; i < n / 8; ++i)
+    for (i = 0; i < mt * n / 8; ++i)
         c1[i][0] = c1[i][1] = c1[i][2] = c1[i][3] = c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.0f;
 #pragma unroll
     for (i = 0; i < FA_I_D / 16; ++i) {
-        uint32_t f1[4], f2[4];
-        FA_I_LOAD_A(f1, a1, ld, r0, i * 16);
-        FA_I_LOAD_A(f2, a2, ld, r0, i * 16);
+        uint32_t f1[2][4], f2[2][4];
+#pragma unroll
+        for (m = 0; m < mt; ++m) {
+            FA_I_LOAD_A(f1[m], a1, ld, r0 + 16 * m, i * 16);
+            FA_I_LOAD_A(f2[m], a2, ld, r0 + 16 * m, i * 16);
+        }
 #pragma unroll
         for (j = 0; j < n / 16; ++j) {
             uint32_t g1[4], g2[4];
             FA_I_LOAD_B_NK(g1, b1, ld, j * 16, i * 16);
             FA_I_LOAD_B_NK(g2, b2, ld, j * 16, i * 16);
-            FA_I_MMA(c1[2 * j], f1, g1[0], g1[1]);
-            FA_I_MMA(c1[2 * j + 1], f1, g1[2], g1[3]);
-            FA_I_MMA(c2[2 * j], f2, g2[0], g2[1]);
-            FA_I_MMA(c2[2 * j + 1], f2, g2[2], g2[3]);
+#pragma unroll
+            for (m = 0; m < mt; ++m) {
+                FA_I_MMA(c1[m * n / 8 + 2 * j], f1[m], g1[0], g1[1]);
+                FA_I_MMA(c1[m * n / 8 + 2 * j + 1], f1[m], g1[2], g1[3]);
+                FA_I_MMA(c2[m * n / 8 + 2 * j], f2[m], g2[0], g2[1]);
+                FA_I_MMA(c2[m * n / 8 + 2 * j + 1], f2[m], g2[2], g2[3]);
+            }
         }
     }
 }
@@ -1365,10 +1403,11 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 {
     enum {
         D = FA_I_D, BM = FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST), BN = FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND),
-        NW = FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), NT = 32 * NW, MT = BM / (16 * NW), LD = D + 8
+        NW = FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), NT = 32 * NW, MT = BM / (16 * NW), LD = D + 8,
+        STAGES = FA_I_FWD_STAGES
     };
     extern __shared__ uint4 fa_i_smem[];
-    uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + BM * LD, *sv = sk + 2 * BN * LD;
+    uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + BM * LD, *sv = sk + STAGES * BN * LD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int m0 = fa_i_cta_query_block(&p) * BM, h = blockIdx.y, b = blockIdx.z;
     const int hk = h / (p.heads_q / p.heads_kv);
@@ -1397,23 +1436,29 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         for (i = 0; i < D / 8; ++i) o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.0f;
 
     fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
-    if (n_first < n_end) fa_i_async_kv(sk, sv, gk, gv, &p, n_first * BN, BN, D, LD, tid, NT);
+    if (n_first < n_end && STAGES == 2)
+        fa_i_async_kv(sk, sv, gk, gv, &p, n_first * BN, BN, D, LD, tid, NT);
+    if (n_first < n_end && STAGES == 1)
+        fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
     fa_i_cp_async_commit();
     for (n = n_first; n < n_end; ++n) {
-        const int stage = (n - n_first) & 1, c0 = n * BN;
+        const int stage = (n - n_first) & (STAGES - 1), c0 = n * BN;
         const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
         float s[MT][BN / 8][4];
         uint32_t pa[MT][BN / 16][4];
         float alpha[2 * MT]; /* per row: how much O shrinks for this block's new max */
-        /* One barrier per block: after it, block n is in smem for everyone and
-           every warp is done with block n - 1, whose stage the prefetch of
-           block n + 1 then overwrites while block n is computed. */
+        /* Two stages, one barrier per block: after it, block n is in smem for
+           everyone and every warp is done with block n - 1, whose stage the
+           prefetch of block n + 1 then overwrites while block n is computed.
+           One stage: after it K(n) has landed and every warp is done with
+           V(n - 1), which V(n) then overwrites during QK^T. */
         fa_i_cp_async_wait_0();
         __syncthreads();
-        if (n + 1 < n_end) {
+        if (STAGES == 2 && n + 1 < n_end)
             fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p,
                           c0 + BN, BN, D, LD, tid, NT);
-        }
+        if (STAGES == 1)
+            fa_i_async_tile(sv, gv, p.v_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
         fa_i_cp_async_commit();
 
 #pragma unroll
@@ -1490,6 +1535,13 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                     o[t][i][2] *= alpha[2 * t + 1];
                     o[t][i][3] *= alpha[2 * t + 1];
                 }
+        if (STAGES == 1) { /* V(n) landed and K(n) is free: load K(n + 1) during PV */
+            fa_i_cp_async_wait_0();
+            __syncthreads();
+            if (n + 1 < n_end)
+                fa_i_async_tile(sk, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN, D, LD, tid, NT);
+            fa_i_cp_async_commit();
+        }
 #pragma unroll
         for (i = 0; i < BN / 16; ++i) { /* O += P V */
 #pragma unroll
@@ -1670,7 +1722,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         }
         fa_i_cp_async_commit();
         /* S = Q K^T, dP = dO V^T */
-        FA_I_NAME(gemm_nt_pair, FA_I_DT)(s, dp, sq, sdo, warp * 16, skt, svt, BN);
+        FA_I_NAME(gemm_nt_pair, FA_I_DT)(s, dp, sq, sdo, warp * 16, 1, skt, svt, BN);
         /* dS = P (dP - D), with softcap and mask in their own uniform branches. */
         if (p.softcap > 0.0f)
 #pragma unroll
@@ -2089,13 +2141,13 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #define FA_I_BWD_MODE FA_I_CAT(FA_I_BWD_MODE_, FA_I_BWD_DQ)
 #define FA_I_BWD_MODE_1 _dq
 #define FA_I_BWD_MODE_0 _nodq
-static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) *
-                                         FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD))
+static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
     FA_I_NAME(bwd_kv, FA_I_CAT(FA_I_DT, FA_I_BWD_MODE))(const fa_params p, const fa_i_bwd_args a)
 {
     enum {
-        D = FA_I_D, BN = FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST), BM = FA_I_CFG(FA_I_BWD_CFG, FA_I_SECOND),
-        WD = FA_I_CFG(FA_I_BWD_CFG, FA_I_THIRD), KW = BN / 16, NW = KW * WD, NT = 32 * NW,
+        D = FA_I_D, BN = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), BM = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS),
+        WD = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_WD), KPW = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KPW),
+        KM = KPW / 16, KW = BN / KPW, NW = KW * WD, NT = 32 * NW,
         DS = D / WD, LD = D + 8, LDS = BM + 8,
         /* dQ = dS K: warps as QR row groups x QC column groups of DQC columns */
         QR = BM / 16,
@@ -2111,17 +2163,21 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
     const int kw = warp % KW, wd = warp / KW, qw = warp % QR, cw = warp / QR;
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.heads_q / p.heads_kv;
-    const int key0 = c0 + kw * 16 + (lane >> 2), key1 = key0 + 8; /* this thread's keys */
+    /* this thread's keys: kbase + 16 km + 8 e for key tile km, half e */
+    const int kbase = c0 + kw * KPW + (lane >> 2);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-    float dk[DS / 8][4], dv[DS / 8][4];
-    int first, last, blocks, steps, t, i, j;
+    float dk[KM][DS / 8][4], dv[KM][DS / 8][4];
+    int first, last, blocks, steps, t, i, j, km;
 
     FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
     steps = group * blocks; /* (query head, query block) pairs, in order */
 #pragma unroll
-    for (i = 0; i < DS / 8; ++i)
-        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    for (km = 0; km < KM; ++km)
+#pragma unroll
+        for (i = 0; i < DS / 8; ++i)
+            dk[km][i][0] = dk[km][i][1] = dk[km][i][2] = dk[km][i][3] = dv[km][i][0] =
+                dv[km][i][1] = dv[km][i][2] = dv[km][i][3] = 0.0f;
 
     fa_i_async_kv(sk, sv, (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0),
                   (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0), &p, c0, BN, D, LD,
@@ -2136,7 +2192,7 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
         const uint16_t *sqt = sq + stage * BM * LD, *sdot = sdo + stage * BM * LD;
         const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
         const int *lo = slo + stage * BM, *hi = shi + stage * BM;
-        float st[BM / 8][4], dpt[BM / 8][4];
+        float st[KM][BM / 8][4], dpt[KM][BM / 8][4];
         /* One barrier per step: after it, step t is in smem for everyone and
            every warp is done with step t - 1 (its stage and dS^T), so the
            prefetch of step t + 1 may overwrite that stage. */
@@ -2153,64 +2209,83 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
         }
         fa_i_cp_async_commit();
         /* S^T = K Q^T and dP^T = V dO^T for this warp's keys */
-        FA_I_NAME(gemm_nt_pair, FA_I_DT)(st, dpt, sk, sv, kw * 16, sqt, sdot, BM);
+        FA_I_NAME(gemm_nt_pair, FA_I_DT)(st[0], dpt[0], sk, sv, kw * KPW, KM, sqt, sdot, BM);
         /* P^T and dS^T = P^T (dP^T - D). Softcap and mask are uniform branches
            around their own loops, so the common loop has neither. */
         if (p.softcap > 0.0f)
 #pragma unroll
-            for (i = 0; i < BM / 8; ++i)
+            for (km = 0; km < KM; ++km)
 #pragma unroll
-                for (j = 0; j < 4; ++j) st[i][j] = fa_i_score(&p, st[i][j]);
+                for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                    for (j = 0; j < 4; ++j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
         if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
 #pragma unroll
+            for (km = 0; km < KM; ++km)
+#pragma unroll
+                for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                    for (j = 0; j < 4; ++j) {
+                        const int r = i * 8 + 2 * (lane & 3) + (j & 1);
+                        const int key = kbase + 16 * km + (j < 2 ? 0 : 8);
+                        if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
+                    }
+#pragma unroll
+        for (km = 0; km < KM; ++km)
+#pragma unroll
             for (i = 0; i < BM / 8; ++i)
 #pragma unroll
                 for (j = 0; j < 4; ++j) {
-                    const int r = i * 8 + 2 * (lane & 3) + (j & 1), key = j < 2 ? key0 : key1;
-                    if (key < lo[r] || key >= hi[r]) st[i][j] = -INFINITY;
+                    const int r = i * 8 + 2 * (lane & 3) + (j & 1);
+                    const float prob = fa_i_dev_exp2(fmaf(st[km][i][j], log2_scale, -lse2[r]));
+                    dpt[km][i][j] = prob * (dpt[km][i][j] - dsum[r]);
+                    st[km][i][j] = prob;
                 }
-#pragma unroll
-        for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-            for (j = 0; j < 4; ++j) {
-                const int r = i * 8 + 2 * (lane & 3) + (j & 1);
-                const float prob = fa_i_dev_exp2(fmaf(st[i][j], log2_scale, -lse2[r]));
-                dpt[i][j] = prob * (dpt[i][j] - dsum[r]);
-                st[i][j] = prob;
-            }
         if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
 #pragma unroll
-            for (i = 0; i < BM / 8; ++i)
+            for (km = 0; km < KM; ++km)
 #pragma unroll
-                for (j = 0; j < 4; ++j) {
-                    const float th = fa_i_capped_tanh(&p, st[i][j], lse2[i * 8 + 2 * (lane & 3) + (j & 1)]);
-                    dpt[i][j] *= 1.0f - th * th;
-                }
+                for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                    for (j = 0; j < 4; ++j) {
+                        const float th = fa_i_capped_tanh(&p, st[km][i][j],
+                                                          lse2[i * 8 + 2 * (lane & 3) + (j & 1)]);
+                        dpt[km][i][j] *= 1.0f - th * th;
+                    }
 #pragma unroll
         for (i = 0; i < BM / 16; ++i) { /* dV += P^T dO, dK += dS^T Q on this warp's d slice */
-            uint32_t ap[4], ads[4];
-            FA_I_ACC_AS_A(ap, st, i);
-            FA_I_ACC_AS_A(ads, dpt, i);
+            uint32_t ap[KM][4], ads[KM][4];
 #pragma unroll
-            for (j = 0; j < DS / 16; ++j) {
+            for (km = 0; km < KM; ++km) {
+                FA_I_ACC_AS_A(ap[km], st[km], i);
+                FA_I_ACC_AS_A(ads[km], dpt[km], i);
+            }
+#pragma unroll
+            for (j = 0; j < DS / 16; ++j) { /* each dO and Q fragment feeds 4 KM MMAs */
                 uint32_t bo[4], bq[4];
                 FA_I_LOAD_B_KN(bo, sdot, LD, i * 16, wd * DS + j * 16);
                 FA_I_LOAD_B_KN(bq, sqt, LD, i * 16, wd * DS + j * 16);
-                FA_I_MMA(dv[2 * j], ap, bo[0], bo[1]);
-                FA_I_MMA(dv[2 * j + 1], ap, bo[2], bo[3]);
-                FA_I_MMA(dk[2 * j], ads, bq[0], bq[1]);
-                FA_I_MMA(dk[2 * j + 1], ads, bq[2], bq[3]);
+#pragma unroll
+                for (km = 0; km < KM; ++km) {
+                    FA_I_MMA(dv[km][2 * j], ap[km], bo[0], bo[1]);
+                    FA_I_MMA(dv[km][2 * j + 1], ap[km], bo[2], bo[3]);
+                    FA_I_MMA(dk[km][2 * j], ads[km], bq[0], bq[1]);
+                    FA_I_MMA(dk[km][2 * j + 1], ads[km], bq[2], bq[3]);
+                }
             }
         }
         if (FA_I_BWD_DQ) { /* dQ += dS K, through smem, added to the fp32 accumulator */
             float dq[DQC / 8][4];
             if (wd == 0)
 #pragma unroll
-                for (i = 0; i < BM / 8; ++i) {
-                    const int r = i * 8 + 2 * (lane & 3);
-                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2)) * LDS + r) = FA_I_PACK(dpt[i][0], dpt[i][1]);
-                    *(uint32_t *)(sds + (kw * 16 + (lane >> 2) + 8) * LDS + r) = FA_I_PACK(dpt[i][2], dpt[i][3]);
-                }
+                for (km = 0; km < KM; ++km)
+#pragma unroll
+                    for (i = 0; i < BM / 8; ++i) {
+                        uint16_t *row = sds + (kw * KPW + 16 * km + (lane >> 2)) * LDS + i * 8 +
+                                        2 * (lane & 3);
+                        *(uint32_t *)row = FA_I_PACK(dpt[km][i][0], dpt[km][i][1]);
+                        *(uint32_t *)(row + 8 * LDS) = FA_I_PACK(dpt[km][i][2], dpt[km][i][3]);
+                    }
             __syncthreads();
             if (cw < QC) {
                 float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
@@ -2248,19 +2323,24 @@ static __global__ void __launch_bounds__(2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_FIRST) 
         uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
         uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
 #pragma unroll
-        for (i = 0; i < DS / 8; ++i) {
-            const int col = wd * DS + i * 8 + 2 * (lane & 3);
-            if (key0 < p.seqlen_k) {
-                *(uint32_t *)(gdk + key0 * p.dk_layout.seq + col) =
-                    FA_I_PACK(dk[i][0] * p.scale, dk[i][1] * p.scale);
-                *(uint32_t *)(gdv + key0 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][0], dv[i][1]);
+        for (km = 0; km < KM; ++km)
+#pragma unroll
+            for (i = 0; i < DS / 8; ++i) {
+                const int col = wd * DS + i * 8 + 2 * (lane & 3), key0 = kbase + 16 * km;
+                const int key1 = key0 + 8;
+                if (key0 < p.seqlen_k) {
+                    *(uint32_t *)(gdk + key0 * p.dk_layout.seq + col) =
+                        FA_I_PACK(dk[km][i][0] * p.scale, dk[km][i][1] * p.scale);
+                    *(uint32_t *)(gdv + key0 * p.dv_layout.seq + col) =
+                        FA_I_PACK(dv[km][i][0], dv[km][i][1]);
+                }
+                if (key1 < p.seqlen_k) {
+                    *(uint32_t *)(gdk + key1 * p.dk_layout.seq + col) =
+                        FA_I_PACK(dk[km][i][2] * p.scale, dk[km][i][3] * p.scale);
+                    *(uint32_t *)(gdv + key1 * p.dv_layout.seq + col) =
+                        FA_I_PACK(dv[km][i][2], dv[km][i][3]);
+                }
             }
-            if (key1 < p.seqlen_k) {
-                *(uint32_t *)(gdk + key1 * p.dk_layout.seq + col) =
-                    FA_I_PACK(dk[i][2] * p.scale, dk[i][3] * p.scale);
-                *(uint32_t *)(gdv + key1 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][2], dv[i][3]);
-            }
-        }
     }
 }
 #undef FA_I_BWD_MODE

@@ -265,7 +265,9 @@ static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 *
 #define FA_I_THIRD(a, b, c) c
 #define FA_I_APPLY(f, args) f args
 /* Fields of a backward dK/dV tile: keys per CTA, query rows per step, warps
-   over the head dim, keys per warp. */
+   over the head dim (WD: 1, or 2 where a warp pair shares its keys: one
+   computes S^T, the other dP^T, and they swap P^T and dP^T - D through smem),
+   keys per warp. */
 #define FA_I_B_KEYS(a, b, c, d) a
 #define FA_I_B_ROWS(a, b, c, d) b
 #define FA_I_B_WD(a, b, c, d) c
@@ -338,6 +340,11 @@ static __device__ __forceinline__ void fa_i_cp_async_commit(void)
 static __device__ __forceinline__ void fa_i_cp_async_wait_0(void)
 {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+/* Barrier `id` (1..15; __syncthreads owns 0) among `threads` threads. */
+static __device__ __forceinline__ void fa_i_named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 static __device__ __forceinline__ void fa_i_ldmatrix_x4(uint32_t r[4], const void *smem)
@@ -654,10 +661,6 @@ static __device__ __forceinline__ void fa_i_tma_store_wait_read(void)
 static __device__ __forceinline__ void fa_i_fence_proxy_async(void)
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-static __device__ __forceinline__ void fa_i_named_sync(int id, int threads)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 static __device__ __forceinline__ void fa_i_named_arrive(int id, int threads)
 {
@@ -1206,7 +1209,8 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_BWD_SMEM(cfg)                                                                    \
     (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_B_KEYS) + 4 * FA_I_CFG(cfg, FA_I_B_ROWS)) +    \
           FA_I_CFG(cfg, FA_I_B_KEYS) * (FA_I_CFG(cfg, FA_I_B_ROWS) + 8)) +                     \
-     4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS))
+     4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS) +                                                 \
+     (FA_I_CFG(cfg, FA_I_B_WD) - 1) * 8 * FA_I_CFG(cfg, FA_I_B_KEYS) * FA_I_CFG(cfg, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
@@ -1258,6 +1262,8 @@ static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_ATOMIC) <= FA_I_SMEM_MAX,
               "flashattn: backward tile exceeds shared memory");
 static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_DET) <= FA_I_SMEM_MAX,
               "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_B_WD) <= 2 && FA_I_CFG(FA_I_BWD_CFG_DET, FA_I_B_WD) <= 2,
+              "flashattn: backward tiles split the head dim over 1 or 2 warps");
 static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
 
 #undef FA_I_PASS
@@ -1357,38 +1363,42 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
     } while (0)
 
 /* The backward's two score products, sharing one k loop over the head dim:
-   c1 = a1 b1^T and c2 = a2 b2^T (accumulators [mt * n / 8][4], zeroed here;
-   row tile m at [m * n / 8]) for the 16 * mt (1 or 2) rows from r0 of the
-   smem tiles a1, a2 and the n rows of b1, b2, all with pitch d + 8. Each B
-   fragment feeds 2 * mt MMAs. S and dP, or S^T and dP^T, come from it. */
+   c1 = a1 b1^T and, if `both`, c2 = a2 b2^T (accumulators [mt * n / 8][4],
+   zeroed here; row tile m at [m * n / 8]) for the 16 * mt (1 or 2) rows from
+   r0 of the smem tiles a1, a2 and the n rows of b1, b2, all with pitch d + 8.
+   Each B fragment feeds 2 * mt MMAs. S and dP, or S^T and dP^T, come from it. */
 static __device__ __forceinline__ void FA_I_NAME(gemm_nt_pair, FA_I_DT)(
     float (*c1)[4], float (*c2)[4], const uint16_t *a1, const uint16_t *a2, int r0, int mt,
-    const uint16_t *b1, const uint16_t *b2, int n)
+    const uint16_t *b1, const uint16_t *b2, int n, int both)
 {
     const int lane = threadIdx.x & 31, ld = FA_I_D + 8;
     int i, j, m;
 #pragma unroll
-    for (i = 0; i < mt * n / 8; ++i)
-        c1[i][0] = c1[i][1] = c1[i][2] = c1[i][3] = c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.0f;
+    for (i = 0; i < mt * n / 8; ++i) {
+        c1[i][0] = c1[i][1] = c1[i][2] = c1[i][3] = 0.0f;
+        if (both) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.0f;
+    }
 #pragma unroll
     for (i = 0; i < FA_I_D / 16; ++i) {
         uint32_t f1[2][4], f2[2][4];
 #pragma unroll
         for (m = 0; m < mt; ++m) {
             FA_I_LOAD_A(f1[m], a1, ld, r0 + 16 * m, i * 16);
-            FA_I_LOAD_A(f2[m], a2, ld, r0 + 16 * m, i * 16);
+            if (both) FA_I_LOAD_A(f2[m], a2, ld, r0 + 16 * m, i * 16);
         }
 #pragma unroll
         for (j = 0; j < n / 16; ++j) {
             uint32_t g1[4], g2[4];
             FA_I_LOAD_B_NK(g1, b1, ld, j * 16, i * 16);
-            FA_I_LOAD_B_NK(g2, b2, ld, j * 16, i * 16);
+            if (both) FA_I_LOAD_B_NK(g2, b2, ld, j * 16, i * 16);
 #pragma unroll
             for (m = 0; m < mt; ++m) {
                 FA_I_MMA(c1[m * n / 8 + 2 * j], f1[m], g1[0], g1[1]);
                 FA_I_MMA(c1[m * n / 8 + 2 * j + 1], f1[m], g1[2], g1[3]);
-                FA_I_MMA(c2[m * n / 8 + 2 * j], f2[m], g2[0], g2[1]);
-                FA_I_MMA(c2[m * n / 8 + 2 * j + 1], f2[m], g2[2], g2[3]);
+                if (both) {
+                    FA_I_MMA(c2[m * n / 8 + 2 * j], f2[m], g2[0], g2[1]);
+                    FA_I_MMA(c2[m * n / 8 + 2 * j + 1], f2[m], g2[2], g2[3]);
+                }
             }
         }
     }
@@ -1722,7 +1732,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         }
         fa_i_cp_async_commit();
         /* S = Q K^T, dP = dO V^T */
-        FA_I_NAME(gemm_nt_pair, FA_I_DT)(s, dp, sq, sdo, warp * 16, 1, skt, svt, BN);
+        FA_I_NAME(gemm_nt_pair, FA_I_DT)(s, dp, sq, sdo, warp * 16, 1, skt, svt, BN, 1);
         /* dS = P (dP - D), with softcap and mask in their own uniform branches. */
         if (p.softcap > 0.0f)
 #pragma unroll
@@ -2157,10 +2167,12 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
     uint16_t *sdo = sq + 2 * BM * LD, *sds = sdo + 2 * BM * LD;
-    float *slse = (float *)(sds + BN * LDS), *sdsum = slse + 2 * BM;
+    float4 *sx = (float4 *)(sds + BN * LDS); /* WD = 2: the pairs' swap, 2 BN BM floats */
+    float *slse = (float *)(sx + (WD - 1) * BN * BM / 2), *sdsum = slse + 2 * BM;
     int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int kw = warp % KW, wd = warp / KW, qw = warp % QR, cw = warp / QR;
+    const int has_s = WD == 1 || wd == 0; /* computes S^T (else only dP^T) */
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.heads_q / p.heads_kv;
     /* this thread's keys: kbase + 16 km + 8 e for key tile km, half e */
@@ -2208,18 +2220,21 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                                          tid, NT);
         }
         fa_i_cp_async_commit();
-        /* S^T = K Q^T and dP^T = V dO^T for this warp's keys */
-        FA_I_NAME(gemm_nt_pair, FA_I_DT)(st[0], dpt[0], sk, sv, kw * KPW, KM, sqt, sdot, BM);
-        /* P^T and dS^T = P^T (dP^T - D). Softcap and mask are uniform branches
-           around their own loops, so the common loop has neither. */
-        if (p.softcap > 0.0f)
+        /* S^T = K Q^T and dP^T = V dO^T for this warp's keys; with WD = 2 the
+           warp pair of these keys splits them, each product landing in st. */
+        FA_I_NAME(gemm_nt_pair, FA_I_DT)(st[0], dpt[0], has_s ? sk : sv, sv, kw * KPW, KM,
+                                         has_s ? sqt : sdot, sdot, BM, WD == 1);
+        /* P^T, dP^T - D, then dS^T = P^T (dP^T - D). Softcap and mask are
+           uniform branches around their own loops, so the common loop has
+           neither. */
+        if (has_s && p.softcap > 0.0f)
 #pragma unroll
             for (km = 0; km < KM; ++km)
 #pragma unroll
                 for (i = 0; i < BM / 8; ++i)
 #pragma unroll
                     for (j = 0; j < 4; ++j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
-        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
+        if (has_s && fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
 #pragma unroll
             for (km = 0; km < KM; ++km)
 #pragma unroll
@@ -2237,9 +2252,40 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
 #pragma unroll
                 for (j = 0; j < 4; ++j) {
                     const int r = i * 8 + 2 * (lane & 3) + (j & 1);
-                    const float prob = fa_i_dev_exp2(fmaf(st[km][i][j], log2_scale, -lse2[r]));
-                    dpt[km][i][j] = prob * (dpt[km][i][j] - dsum[r]);
-                    st[km][i][j] = prob;
+                    if (has_s)
+                        st[km][i][j] = fa_i_dev_exp2(fmaf(st[km][i][j], log2_scale, -lse2[r]));
+                    if (WD == 1)
+                        dpt[km][i][j] -= dsum[r];
+                    else if (!has_s)
+                        st[km][i][j] -= dsum[r];
+                }
+        if (WD == 2) { /* the pair swaps st (P^T one way, dP^T - D the other) into dpt */
+            float4 *mine = sx + warp * (KM * BM / 8 * 32) + lane;
+            const float4 *theirs = sx + (has_s ? warp + KW : warp - KW) * (KM * BM / 8 * 32) + lane;
+#pragma unroll
+            for (km = 0; km < KM; ++km)
+#pragma unroll
+                for (i = 0; i < BM / 8; ++i)
+                    mine[(km * BM / 8 + i) * 32] =
+                        make_float4(st[km][i][0], st[km][i][1], st[km][i][2], st[km][i][3]);
+            fa_i_named_sync(1 + kw, 64);
+#pragma unroll
+            for (km = 0; km < KM; ++km)
+#pragma unroll
+                for (i = 0; i < BM / 8; ++i) {
+                    const float4 v = theirs[(km * BM / 8 + i) * 32];
+                    dpt[km][i][0] = v.x, dpt[km][i][1] = v.y, dpt[km][i][2] = v.z, dpt[km][i][3] = v.w;
+                }
+        }
+#pragma unroll
+        for (km = 0; km < KM; ++km) /* then st = P^T, dpt = dS^T */
+#pragma unroll
+            for (i = 0; i < BM / 8; ++i)
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    const float ds = st[km][i][j] * dpt[km][i][j];
+                    if (!has_s) st[km][i][j] = dpt[km][i][j];
+                    dpt[km][i][j] = ds;
                 }
         if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
 #pragma unroll

@@ -96,6 +96,8 @@ case("gpu_small_fwd_d256_window", gpu_forward, seqlen_q=70, seqlen_k=90, head_di
 case("gpu_small_bwd", gpu_backward, batch=2, heads_q=4, heads_kv=2, seqlen_q=77, seqlen_k=130,
      head_dim=64, dtype="bf16", causal=True)
 case("gpu_small_bwd_d256", gpu_backward, seqlen_q=70, seqlen_k=90, head_dim=256, dtype="f16")
+case("gpu_small_bwd_d128_window_softcap", gpu_backward, heads_q=4, heads_kv=2, seqlen_q=50,
+     seqlen_k=140, head_dim=128, dtype="bf16", window=(30, 5), softcap=4.0)
 for d in (64, 128, 256):
     case(f"gpu_fa1_fwd_d{d}", gpu_fa1_forward, heads_q=4, heads_kv=2, seqlen_q=130,
          seqlen_k=257, head_dim=d, dtype="bf16", causal=True)

@@ -341,6 +341,21 @@ static __device__ __forceinline__ void fa_i_cp_async_wait_0(void)
 {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+/* p[0..3] += v by reductions in L2: one vector instruction on sm_90 and
+   newer, four scalar ones before. p is 16-byte aligned. */
+static __device__ __forceinline__ void fa_i_red_add4(float *p, float4 v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y),
+                 "f"(v.z), "f"(v.w)
+                 : "memory");
+#else
+    atomicAdd(p, v.x);
+    atomicAdd(p + 1, v.y);
+    atomicAdd(p + 2, v.z);
+    atomicAdd(p + 3, v.w);
+#endif
+}
 /* Barrier `id` (1..15; __syncthreads owns 0) among `threads` threads. */
 static __device__ __forceinline__ void fa_i_named_sync(int id, int threads)
 {
@@ -2351,15 +2366,17 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                 }
 #pragma unroll
                 for (i = 0; i < DQC / 8; ++i) {
-                    const int q0 = r0 + qw * 16 + (lane >> 2), col = cw * DQC + i * 8 + 2 * (lane & 3);
-                    if (q0 < p.seqlen_q) {
-                        atomicAdd(acc + (int64_t)q0 * D + col, dq[i][0]);
-                        atomicAdd(acc + (int64_t)q0 * D + col + 1, dq[i][1]);
-                    }
-                    if (q0 + 8 < p.seqlen_q) {
-                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col, dq[i][2]);
-                        atomicAdd(acc + (int64_t)(q0 + 8) * D + col + 1, dq[i][3]);
-                    }
+                    /* lanes l, l ^ 1 hold columns c..c+1, c+2..c+3 of rows q0 and
+                       q0 + 8: they swap halves, the even lane adds 4 columns of
+                       row q0, the odd one 4 of row q0 + 8 */
+                    const int odd = lane & 1, row = r0 + qw * 16 + (lane >> 2) + 8 * odd;
+                    const int col = cw * DQC + i * 8 + 2 * (lane & 3) - 2 * odd;
+                    const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[i][0] : dq[i][2], 1);
+                    const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[i][1] : dq[i][3], 1);
+                    if (row < p.seqlen_q)
+                        fa_i_red_add4(acc + (int64_t)row * D + col,
+                                      odd ? make_float4(x, y, dq[i][2], dq[i][3])
+                                          : make_float4(dq[i][0], dq[i][1], x, y));
                 }
             }
         }

@@ -2166,6 +2166,13 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #define FA_I_BWD_MODE FA_I_CAT(FA_I_BWD_MODE_, FA_I_BWD_DQ)
 #define FA_I_BWD_MODE_1 _dq
 #define FA_I_BWD_MODE_0 _nodq
+/* Every element (km, i, j) of a warp's [KM][BM / 8][4] S^T or dP^T tiles,
+   and the query row (of the step's BM) that element j of row pair i holds. */
+#define FA_I_EACH_SCORE(km, i, j)                  \
+    _Pragma("unroll") for (km = 0; km < KM; ++km) \
+    _Pragma("unroll") for (i = 0; i < BM / 8; ++i) \
+    _Pragma("unroll") for (j = 0; j < 4; ++j)
+#define FA_I_SCORE_ROW(i, j) ((i) * 8 + 2 * (lane & 3) + ((j) & 1))
 static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
     FA_I_NAME(bwd_kv, FA_I_CAT(FA_I_DT, FA_I_BWD_MODE))(const fa_params p, const fa_i_bwd_args a)
 {
@@ -2243,37 +2250,20 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
            uniform branches around their own loops, so the common loop has
            neither. */
         if (has_s && p.softcap > 0.0f)
-#pragma unroll
-            for (km = 0; km < KM; ++km)
-#pragma unroll
-                for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                    for (j = 0; j < 4; ++j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
+            FA_I_EACH_SCORE(km, i, j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
         if (has_s && fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
-#pragma unroll
-            for (km = 0; km < KM; ++km)
-#pragma unroll
-                for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                    for (j = 0; j < 4; ++j) {
-                        const int r = i * 8 + 2 * (lane & 3) + (j & 1);
-                        const int key = kbase + 16 * km + (j < 2 ? 0 : 8);
-                        if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
-                    }
-#pragma unroll
-        for (km = 0; km < KM; ++km)
-#pragma unroll
-            for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                for (j = 0; j < 4; ++j) {
-                    const int r = i * 8 + 2 * (lane & 3) + (j & 1);
-                    if (has_s)
-                        st[km][i][j] = fa_i_dev_exp2(fmaf(st[km][i][j], log2_scale, -lse2[r]));
-                    if (WD == 1)
-                        dpt[km][i][j] -= dsum[r];
-                    else if (!has_s)
-                        st[km][i][j] -= dsum[r];
-                }
+            FA_I_EACH_SCORE(km, i, j) {
+                const int r = FA_I_SCORE_ROW(i, j), key = kbase + 16 * km + (j < 2 ? 0 : 8);
+                if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
+            }
+        FA_I_EACH_SCORE(km, i, j) {
+            const int r = FA_I_SCORE_ROW(i, j);
+            if (has_s) st[km][i][j] = fa_i_dev_exp2(fmaf(st[km][i][j], log2_scale, -lse2[r]));
+            if (WD == 1)
+                dpt[km][i][j] -= dsum[r];
+            else if (!has_s)
+                st[km][i][j] -= dsum[r];
+        }
         if (WD == 2) { /* the pair swaps st (P^T one way, dP^T - D the other) into dpt */
             float4 *mine = sx + warp * (KM * BM / 8 * 32) + lane;
             const float4 *theirs = sx + (has_s ? warp + KW : warp - KW) * (KM * BM / 8 * 32) + lane;
@@ -2292,27 +2282,16 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                     dpt[km][i][0] = v.x, dpt[km][i][1] = v.y, dpt[km][i][2] = v.z, dpt[km][i][3] = v.w;
                 }
         }
-#pragma unroll
-        for (km = 0; km < KM; ++km) /* then st = P^T, dpt = dS^T */
-#pragma unroll
-            for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                for (j = 0; j < 4; ++j) {
-                    const float ds = st[km][i][j] * dpt[km][i][j];
-                    if (!has_s) st[km][i][j] = dpt[km][i][j];
-                    dpt[km][i][j] = ds;
-                }
+        FA_I_EACH_SCORE(km, i, j) { /* then st = P^T, dpt = dS^T */
+            const float ds = st[km][i][j] * dpt[km][i][j];
+            if (!has_s) st[km][i][j] = dpt[km][i][j];
+            dpt[km][i][j] = ds;
+        }
         if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
-#pragma unroll
-            for (km = 0; km < KM; ++km)
-#pragma unroll
-                for (i = 0; i < BM / 8; ++i)
-#pragma unroll
-                    for (j = 0; j < 4; ++j) {
-                        const float th = fa_i_capped_tanh(&p, st[km][i][j],
-                                                          lse2[i * 8 + 2 * (lane & 3) + (j & 1)]);
-                        dpt[km][i][j] *= 1.0f - th * th;
-                    }
+            FA_I_EACH_SCORE(km, i, j) {
+                const float th = fa_i_capped_tanh(&p, st[km][i][j], lse2[FA_I_SCORE_ROW(i, j)]);
+                dpt[km][i][j] *= 1.0f - th * th;
+            }
 #pragma unroll
         for (i = 0; i < BM / 16; ++i) { /* dV += P^T dO, dK += dS^T Q on this warp's d slice */
             uint32_t ap[KM][4], ads[KM][4];
@@ -2406,6 +2385,8 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
             }
     }
 }
+#undef FA_I_EACH_SCORE
+#undef FA_I_SCORE_ROW
 #undef FA_I_BWD_MODE
 #undef FA_I_BWD_MODE_1
 #undef FA_I_BWD_MODE_0

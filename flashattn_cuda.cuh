@@ -214,7 +214,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 /* Hopper forward (FA3): query rows per CTA (64 per consumer warpgroup: 128 or
    192), keys per tile, K/V pipeline stages. Shared memory Q + 2 * stages * K/V
    tile (+1 KB to align the 128-byte swizzle atoms) must fit 227 KB: d = 256
-   takes 80 keys, 224 KB. Registers per consumer thread: O d/2 + S keys/2 + P
+   takes 80 keys, 224 KB. Where a second Q and an O buffer fit too (d = 64 and
+   128), the next tile's loads overlap this one (FA_I_SM90_SMEM). Registers per consumer thread: O d/2 + S keys/2 + P
    keys/4 floats, under what setmaxnreg gives (232 with 2 consumer
    warpgroups, 160 with 3). d = 64 has 3: its exp2 work equals its GEMM work,
    and a third warpgroup gives the softmax more warps to hide behind. */
@@ -1236,15 +1237,19 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #if FA_I_D == 64 && FA_SM90_ROWS_64 == 192
 #define FA_I_SM90_CFG_1 (128, FA_SM90_KEYS_64, FA_SM90_STAGES_64)
 #endif
-/* Shared memory: Q, the K/V ring and the 1 KB alignment slack; O's own buffer
-   where it fits. */
-#define FA_I_SM90_SMEM_QKV(cfg)                                                                \
-    (2 * FA_I_D * (FA_I_CFG(cfg, FA_I_FIRST) + 2 * FA_I_CFG(cfg, FA_I_SECOND) * FA_I_CFG(cfg, FA_I_THIRD)) + \
-     1024)
+/* Shared memory: the K/V ring with the 1 KB alignment slack, then Q and O
+   tiles of 2 d rows bytes each: two Q buffers and O's own where all three
+   fit (the next tile's Q and K/V load while this one computes), else one Q
+   and O's own buffer (the next Q loads during the epilogue), else O over Q. */
+#define FA_I_SM90_SMEM_KV(cfg) (4 * FA_I_D * FA_I_CFG(cfg, FA_I_SECOND) * FA_I_CFG(cfg, FA_I_THIRD) + 1024)
+#define FA_I_SM90_Q_BYTES(cfg) (2 * FA_I_D * FA_I_CFG(cfg, FA_I_FIRST))
+#define FA_I_SM90_Q_BUFS_OF(cfg) \
+    (FA_I_SM90_SMEM_KV(cfg) + 3 * FA_I_SM90_Q_BYTES(cfg) <= FA_I_SM90_SMEM_MAX ? 2 : 1)
 #define FA_I_SM90_O_APART_OF(cfg) \
-    (FA_I_SM90_SMEM_QKV(cfg) + 2 * FA_I_D * FA_I_CFG(cfg, FA_I_FIRST) <= FA_I_SM90_SMEM_MAX)
-#define FA_I_SM90_SMEM(cfg) \
-    (FA_I_SM90_SMEM_QKV(cfg) + (FA_I_SM90_O_APART_OF(cfg) ? 2 * FA_I_D * FA_I_CFG(cfg, FA_I_FIRST) : 0))
+    (FA_I_SM90_SMEM_KV(cfg) + (FA_I_SM90_Q_BUFS_OF(cfg) + 1) * FA_I_SM90_Q_BYTES(cfg) <= FA_I_SM90_SMEM_MAX)
+#define FA_I_SM90_SMEM(cfg)                                                                     \
+    (FA_I_SM90_SMEM_KV(cfg) +                                                                   \
+     (FA_I_SM90_Q_BUFS_OF(cfg) + FA_I_SM90_O_APART_OF(cfg)) * FA_I_SM90_Q_BYTES(cfg))
 #define FA_I_SM90_CHECK(cfg)                                                                   \
     static_assert(FA_I_CFG(cfg, FA_I_FIRST) == 128 || FA_I_CFG(cfg, FA_I_FIRST) == 192,        \
                   "flashattn: FA3 CTAs have 2 or 3 consumer warpgroups of 64 rows");          \
@@ -1326,7 +1331,9 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_SM90_ENTRY
 #undef FA_I_SM90_CHECK
 #undef FA_I_SM90_SMEM
-#undef FA_I_SM90_SMEM_QKV
+#undef FA_I_SM90_SMEM_KV
+#undef FA_I_SM90_Q_BYTES
+#undef FA_I_SM90_Q_BUFS_OF
 #undef FA_I_SM90_O_APART_OF
 #endif
 #ifdef FA_I_SM90_CFG_1
@@ -1833,6 +1840,7 @@ enum {
     FA_I_SNAME(sm90_bm) = FA_I_CFG(FA_I_SM90_CFG, FA_I_FIRST),
     FA_I_SNAME(sm90_bn) = FA_I_CFG(FA_I_SM90_CFG, FA_I_SECOND),
     FA_I_SNAME(sm90_stages) = FA_I_CFG(FA_I_SM90_CFG, FA_I_THIRD),
+    FA_I_SNAME(sm90_q_bufs) = FA_I_SM90_Q_BUFS_OF(FA_I_SM90_CFG),
     FA_I_SNAME(sm90_o_apart) = FA_I_SM90_O_APART_OF(FA_I_SM90_CFG)
 };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1936,26 +1944,30 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         D = FA_I_D, BM = FA_I_SNAME(sm90_bm), BN = FA_I_SM90_BN,
         STAGES = FA_I_SNAME(sm90_stages), CHUNKS = D / 64, TILE = BN * D * 2,
         NC = BM / 64, /* consumer warpgroups */
-        /* O gets its own buffer where it fits, so the next tile's Q can load
-           during this one's epilogue; otherwise O goes over Q. */
-        O_APART = FA_I_SNAME(sm90_o_apart)
+        /* Q buffers (tile k uses k % Q_BUFS) and whether O has its own
+           buffer or goes over Q: FA_I_SM90_SMEM. */
+        Q_BUFS = FA_I_SNAME(sm90_q_bufs), O_APART = FA_I_SNAME(sm90_o_apart), Q_BYTES = BM * D * 2
     };
-    /* Barriers: q_full, q_empty, then k_full, v_full, k_empty, v_empty per
-       stage. Only this sm_90a body has static shared memory: the host reads
-       that to tell it from the stub other targets compile. */
-    __shared__ __align__(8) uint64_t bars[2 + 4 * STAGES];
+    /* Barriers: q_full and q_empty per Q buffer, then k_full, v_full,
+       k_empty, v_empty per stage. Only this sm_90a body has static shared
+       memory: the host reads that to tell it from the stub other targets
+       compile. */
+    __shared__ __align__(8) uint64_t bars[2 * Q_BUFS + 4 * STAGES];
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */
-    const uint32_t sk = sq + BM * D * 2, sv = sk + STAGES * TILE;
-    const uint32_t so = O_APART ? sv + STAGES * TILE : sq;
-    const uint32_t q_full = fa_i_smem_addr(bars), q_empty = q_full + 8, k_full = q_empty + 8;
+    const uint32_t sk = sq + Q_BUFS * Q_BYTES, sv = sk + STAGES * TILE;
+    const uint32_t so = sv + STAGES * TILE; /* if O_APART */
+    const uint32_t q_full = fa_i_smem_addr(bars), q_empty = q_full + 8 * Q_BUFS;
+    const uint32_t k_full = q_empty + 8 * Q_BUFS;
     const uint32_t v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
     const uint32_t v_empty = k_empty + 8 * STAGES;
     const int tid = threadIdx.x, blocks_m = (p.seqlen_q + BM - 1) / BM;
     int i;
     if (tid == 0) {
-        fa_i_mbar_init(q_full, 1);
-        fa_i_mbar_init(q_empty, 4 * NC); /* every consumer warp */
+        for (i = 0; i < Q_BUFS; ++i) {
+            fa_i_mbar_init(q_full + 8 * i, 1);
+            fa_i_mbar_init(q_empty + 8 * i, 4 * NC); /* every consumer warp */
+        }
         for (i = 0; i < STAGES; ++i) {
             fa_i_mbar_init(k_full + 8 * i, 1);
             fa_i_mbar_init(v_full + 8 * i, 1);
@@ -1975,14 +1987,16 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             fa_i_tma_prefetch(&maps.v);
             fa_i_tma_prefetch(&maps.o);
             for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
-                const int hk = h / (p.heads_q / p.heads_kv);
+                const int hk = h / (p.heads_q / p.heads_kv), qb = (int)(k % Q_BUFS);
                 int first_lo, last_hi, n, c;
                 fa_i_rows_key_span(&p, mb * BM, min(mb * BM + BM, p.seqlen_q), &first_lo,
                                    &last_hi);
-                fa_i_mbar_wait(q_empty, (uint32_t)(k & 1) ^ 1); /* fresh barrier: passes */
-                fa_i_mbar_expect_tx(q_full, BM * D * 2);
+                /* a fresh barrier passes the wait for parity 1 */
+                fa_i_mbar_wait(q_empty + 8 * qb, (uint32_t)((k / Q_BUFS) & 1) ^ 1);
+                fa_i_mbar_expect_tx(q_full + 8 * qb, Q_BYTES);
                 for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(sq + c * BM * 128, &maps.q, 64 * c, mb * BM, h, b, q_full);
+                    fa_i_tma_load(sq + qb * Q_BYTES + c * BM * 128, &maps.q, 64 * c, mb * BM, h, b,
+                                  q_full + 8 * qb);
                 /* key tiles no row of this tile sees are never loaded */
                 for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
                     const int st = it % STAGES;
@@ -2002,7 +2016,6 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         }
     } else { /* consumer warpgroups */
         const int cw = tid / 128 - 1, t = tid % 128, lane = t & 31, warp = t >> 5;
-        const uint32_t sq_wg = sq + cw * 64 * 128, so_wg = so + cw * 64 * 128;
         const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
         float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
         uint32_t pr[BN / 4];
@@ -2015,7 +2028,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         if (cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
 #endif
         for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
-            const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q);
+            const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q), qb = (int)(k % Q_BUFS);
+            const uint32_t sq_wg = sq + qb * Q_BYTES + cw * 64 * 128;
+            const uint32_t so_wg = O_APART ? so + cw * 64 * 128 : sq_wg;
             const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
             int lo[2], hi[2], first_lo, last_hi, n, n_first, n_end;
             fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
@@ -2029,7 +2044,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             }
 #pragma unroll
             for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
-            fa_i_mbar_wait(q_full, (uint32_t)(k & 1));
+            fa_i_mbar_wait(q_full + 8 * qb, (uint32_t)((k / Q_BUFS) & 1));
 #define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
 #define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
 #define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, last, (n) * BN, (n) * BN + BN) != 2)
@@ -2100,7 +2115,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             if (O_APART) {
                 /* Q is free for the next tile; O's buffer is free once this
                    thread's previous store has read it. */
-                if (lane == 0) fa_i_mbar_arrive(q_empty);
+                if (lane == 0) fa_i_mbar_arrive(q_empty + 8 * qb);
                 if (t == 0) fa_i_tma_store_wait_read();
                 fa_i_named_sync(1 + NC + cw, 128);
             }
@@ -2138,7 +2153,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     fa_i_tma_store_commit();
                     if (!O_APART) { /* Q's rows now hold O: free them once read */
                         fa_i_tma_store_wait_read();
-                        fa_i_mbar_arrive_n(q_empty, 4);
+                        fa_i_mbar_arrive_n(q_empty + 8 * qb, 4);
                     }
                 }
             }

@@ -214,8 +214,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 /* Hopper forward (FA3): query rows per CTA (64 per consumer warpgroup: 128 or
    192), keys per tile, K/V pipeline stages. Shared memory Q + 2 * stages * K/V
    tile (+1 KB to align the 128-byte swizzle atoms) must fit 227 KB: d = 256
-   takes 80 keys, 224 KB. Where a second Q and an O buffer fit too (d = 64 and
-   128), the next tile's loads overlap this one (FA_I_SM90_SMEM). Registers per consumer thread: O d/2 + S keys/2 + P
+   takes 80 keys, 224 KB. Registers per consumer thread: O d/2 + S keys/2 + P
    keys/4 floats, under what setmaxnreg gives (232 with 2 consumer
    warpgroups, 160 with 3). d = 64 has 3: its exp2 work equals its GEMM work,
    and a third warpgroup gives the softmax more warps to hide behind. */
@@ -249,6 +248,13 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_64 FA_SM90_ROWS_64, FA_SM90_KEYS_64, FA_SM90_STAGES_64
 #define FA_I_SM90_128 FA_SM90_ROWS_128, FA_SM90_KEYS_128, FA_SM90_STAGES_128
 #define FA_I_SM90_256 FA_SM90_ROWS_256, FA_SM90_KEYS_256, FA_SM90_STAGES_256
+/* Q buffers of the FA3 forward (2 only where a second Q and O's own buffer
+   fit, FA_I_SM90_SMEM). Measured on the H200 with 2 (bench/NOTES.md, f5):
+   d = 64 +2 to +5% except causal N <= 2k (equal); d = 128 (225 KB) up to 3%
+   slower, so it keeps 1. */
+#define FA_I_SM90_QBUFS_64 2
+#define FA_I_SM90_QBUFS_128 1
+#define FA_I_SM90_QBUFS_256 1
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
 /* Registers per thread after setmaxnreg, for nc consumer warpgroups. setmaxnreg
    only moves registers within the CTA's launch allocation, 128 (nc + 1)
@@ -1238,13 +1244,17 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_SM90_CFG_1 (128, FA_SM90_KEYS_64, FA_SM90_STAGES_64)
 #endif
 /* Shared memory: the K/V ring with the 1 KB alignment slack, then Q and O
-   tiles of 2 d rows bytes each: two Q buffers and O's own where all three
-   fit (the next tile's Q and K/V load while this one computes), else one Q
-   and O's own buffer (the next Q loads during the epilogue), else O over Q. */
+   tiles of 2 d rows bytes each: two Q buffers and O's own where the table
+   asks for two and all three fit (the next tile's Q and K/V load while this
+   one computes), else one Q and O's own buffer (the next Q loads during the
+   epilogue), else O over Q. */
 #define FA_I_SM90_SMEM_KV(cfg) (4 * FA_I_D * FA_I_CFG(cfg, FA_I_SECOND) * FA_I_CFG(cfg, FA_I_THIRD) + 1024)
 #define FA_I_SM90_Q_BYTES(cfg) (2 * FA_I_D * FA_I_CFG(cfg, FA_I_FIRST))
-#define FA_I_SM90_Q_BUFS_OF(cfg) \
-    (FA_I_SM90_SMEM_KV(cfg) + 3 * FA_I_SM90_Q_BYTES(cfg) <= FA_I_SM90_SMEM_MAX ? 2 : 1)
+#define FA_I_SM90_Q_BUFS_OF(cfg)                                                                \
+    (FA_I_CAT(FA_I_SM90_QBUFS_, FA_I_D) == 2 &&                                                  \
+             FA_I_SM90_SMEM_KV(cfg) + 3 * FA_I_SM90_Q_BYTES(cfg) <= FA_I_SM90_SMEM_MAX         \
+         ? 2                                                                                    \
+         : 1)
 #define FA_I_SM90_O_APART_OF(cfg) \
     (FA_I_SM90_SMEM_KV(cfg) + (FA_I_SM90_Q_BUFS_OF(cfg) + 1) * FA_I_SM90_Q_BYTES(cfg) <= FA_I_SM90_SMEM_MAX)
 #define FA_I_SM90_SMEM(cfg)                                                                     \

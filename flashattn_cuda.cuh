@@ -13,21 +13,26 @@
    KERNELS (template-free: this file includes itself once per head dim and
    dtype, with FA_I_PASS set, to stamp out the kernels)
      forward   FA2: one CTA per (query block, head, batch), warps split the
-               query rows (16 or 32 each); K/V tiles double-buffered with cp.async,
+               query rows (16 or 32 each); K/V tiles by cp.async, double-buffered
+               or (FA_KV_STAGES 1, d = 256) single-buffered in FA2's order;
                QK^T and PV on tensor cores (mma.sync m16n8k16, ldmatrix);
                online softmax in base 2 with deferred normalization.
                FA1 (FA_VARIANT 1): the teaching variant, K/V blocks outer,
                O/m/l kept in a global fp32 workspace between them.
      backward  preprocess D = rowsum(dO * O); one CTA per (key block, kv
                head, batch) keeps dK, dV in registers and adds dQ into an
-               fp32 workspace with atomics; postprocess converts dQ.
+               fp32 workspace with atomics (4-wide vector reductions on
+               sm_90); postprocess converts dQ. Where two warps split d
+               (d >= 160) they also split S^T and dP^T, swapping halves
+               through shared memory.
                Deterministic mode: the same kernel stamped without dQ (on
                its own tile), plus a dQ kernel parallel over query blocks
                (no atomics).
      forward   FA3 (Hopper, built for sm_90a, head dims 64 128 256; runtime
                dispatch picks it on compute capability 9.0): persistent CTAs,
                one per SM, each taking pairs of query tiles. A producer
-               warpgroup loads Q once per tile and K/V tiles by TMA into a
+               warpgroup loads Q once per tile (double-buffered at d = 64,
+               so the next tile's loads overlap this one) and K/V tiles by TMA into a
                ring of shared-memory stages (full/empty mbarriers); two
                consumer warpgroups (three at d = 64) of 64 query rows each
                run S = QK^T (SS wgmma) and O += PV (RS wgmma, P from

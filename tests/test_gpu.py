@@ -147,14 +147,15 @@ def gpu_forward_algorithm_dispatch():
 @test
 def gpu_deterministic_backward_is_bitwise_stable():
     need_gpu()
-    prob = fa.Problem(rng_for("gpu_det"), batch=2, heads_q=8, heads_kv=2, seqlen_q=1000,
-                      seqlen_k=1000, head_dim=128, dtype="bf16", causal=True)
-    _, o, lse = prob.forward("gpu")
-    first = prob.backward(o, lse, "gpu_det")
-    for _ in range(9):
-        again = prob.backward(o, lse, "gpu_det")
-        for a, b in zip(first[1:], again[1:]):
-            assert np.array_equal(a, b), "deterministic backward changed between runs"
+    for d in (128, 256):  # one warp per key tile, and the warp pairs of d >= 160
+        prob = fa.Problem(rng_for(f"gpu_det{d}"), batch=2, heads_q=8, heads_kv=2, seqlen_q=1000,
+                          seqlen_k=1000, head_dim=d, dtype="bf16", causal=True)
+        _, o, lse = prob.forward("gpu")
+        first = prob.backward(o, lse, "gpu_det")
+        for _ in range(9):
+            again = prob.backward(o, lse, "gpu_det")
+            for a, b in zip(first[1:], again[1:]):
+                assert np.array_equal(a, b), f"d = {d}: deterministic backward changed between runs"
 
 
 @test

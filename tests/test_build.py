@@ -100,33 +100,42 @@ def check_no_spills(arch_flags, *defines):
     return f"{kernels} kernels, no spills" + (f", {len(stack)} with stack frames" if stack else "")
 
 
-case("cuda_sm80_no_spills", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"])
-case("cuda_sm90a_no_spills", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"])
-case("cuda_sm90a_ablations", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"],
+SM80 = ["-gencode=arch=compute_80,code=sm_80"]
+SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
+case("cuda_sm80_no_spills", check_no_spills, SM80)
+case("cuda_sm90a_no_spills", check_no_spills, SM90A)
+case("cuda_sm90a_ablations", check_no_spills, SM90A,
      "-DFA_CUDA_DTYPE=2", "-DFA_SM90_OVERLAP=0", "-DFA_SM90_PINGPONG=0")
-case("cuda_sm90a_custom_tiles", check_no_spills, ["-gencode=arch=compute_90a,code=sm_90a"],
+case("cuda_sm90a_custom_tiles", check_no_spills, SM90A,
      "-DFA_CUDA_DTYPE=1", "-DFA_SM90_ROWS_64=128", "-DFA_SM90_KEYS_64=192",
      "-DFA_SM90_ROWS_128=192", "-DFA_SM90_KEYS_128=64")
-case("cuda_one_config_custom_tile", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"],
+case("cuda_one_config_custom_tile", check_no_spills, SM80,
      "-DFA_HEAD_DIM=64", "-DFA_CUDA_DTYPE=2", "-DFA_BLOCK_M=64", "-DFA_BLOCK_N=64",
      "-DFA_NUM_WARPS=4")
-case("cuda_fa1_variant", check_no_spills, ["-gencode=arch=compute_80,code=sm_80"],
+case("cuda_fa1_variant", check_no_spills, SM80,
      "-DFA_HEAD_DIM=128", "-DFA_VARIANT=1")
+case("cuda_fa2_single_stage", check_no_spills, SM80, "-DFA_HEAD_DIM=128", "-DFA_CUDA_DTYPE=2",
+     "-DFA_KV_STAGES=1")
 
 
-def sm90_tile_is_a_compile_error(defines, message):
+def is_a_compile_error(arch_flags, defines, message):
     try:
-        ptxas_report(["-gencode=arch=compute_90a,code=sm_90a"], ["-DFA_HEAD_DIM=256"] + defines)
+        ptxas_report(arch_flags, defines)
     except AssertionError as failure:
         assert message in str(failure), str(failure)[-500:]
         return
-    raise AssertionError(f"the Hopper tile {defines} compiled")
+    raise AssertionError(f"{defines} compiled")
 
 
-case("cuda_sm90_smem_over_budget_is_a_compile_error", sm90_tile_is_a_compile_error,
-     ["-DFA_SM90_KEYS_256=128"], "FA3 tiles exceed shared memory")
-case("cuda_sm90_registers_over_budget_is_a_compile_error", sm90_tile_is_a_compile_error,
-     ["-DFA_SM90_ROWS_256=192"], "FA3 accumulators exceed the consumer registers")
+case("cuda_sm90_smem_over_budget_is_a_compile_error", is_a_compile_error, SM90A,
+     ["-DFA_HEAD_DIM=256", "-DFA_SM90_KEYS_256=128"], "FA3 tiles exceed shared memory")
+case("cuda_sm90_registers_over_budget_is_a_compile_error", is_a_compile_error, SM90A,
+     ["-DFA_HEAD_DIM=256", "-DFA_SM90_ROWS_256=192"],
+     "FA3 accumulators exceed the consumer registers")
+case("cuda_bad_tile_is_a_compile_error", is_a_compile_error, SM80,
+     ["-DFA_BLOCK_M=96", "-DFA_BLOCK_N=64", "-DFA_NUM_WARPS=4"], "FA_BLOCK_M must be")
+case("cuda_bad_kv_stages_is_a_compile_error", is_a_compile_error, SM80,
+     ["-DFA_HEAD_DIM=64", "-DFA_KV_STAGES=3"], "FA_KV_STAGES must be 1 or 2")
 
 
 LOOKUP = r"""
@@ -186,12 +195,3 @@ def cuda_kernel_lookup_follows_the_build():
         assert f == (d == 128 and t == 2), f"d=128 bf16 build: d={d} dtype={t} found={f}"
 
 
-@test
-def cuda_bad_tile_is_a_compile_error():
-    try:
-        ptxas_report(["-gencode=arch=compute_80,code=sm_80"],
-                     ["-DFA_BLOCK_M=96", "-DFA_BLOCK_N=64", "-DFA_NUM_WARPS=4"])
-    except AssertionError as failure:
-        assert "FA_BLOCK_M must be" in str(failure), str(failure)[-500:]
-        return
-    raise AssertionError("an invalid FA_BLOCK_M compiled")

@@ -84,6 +84,10 @@ FA_API fa_status fa_cuda_supported(const fa_params *p, fa_pass pass);
    1 FA1, 2 FA2 (mma.sync), 3 FA3 (Hopper sm_90a); 0 when p is unsupported. */
 FA_API int fa_cuda_forward_algorithm(const fa_params *p);
 
+/* The backward algorithm fa_cuda_backward runs for p: 2 FA2 (mma.sync), 3
+   FA3 (Hopper sm_90a, d = 128, not deterministic); 0 when p is unsupported. */
+FA_API int fa_cuda_backward_algorithm(const fa_params *p, int deterministic);
+
 /* Bytes of workspace the forward needs (0 for FA2; O, m, l for FA1). */
 FA_API size_t fa_cuda_forward_workspace_size(const fa_params *p);
 FA_API fa_status fa_cuda_forward(const fa_params *p, void *workspace, size_t workspace_size,
@@ -261,6 +265,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_QBUFS_128 1
 #define FA_I_SM90_QBUFS_256 1
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
+/* The FA3 backward (d = 128): keys per CTA, 64 per consumer warpgroup. */
+#define FA_I_SM90_BWD_KEYS 128
 /* Registers per thread after setmaxnreg, for nc consumer warpgroups. setmaxnreg
    only moves registers within the CTA's launch allocation, 128 (nc + 1)
    threads x 65536 / (128 (nc + 1)) rounded down to 8: asking for more makes
@@ -316,6 +322,7 @@ typedef struct fa_i_kernels {
     int bwd_q_rows, bwd_q_threads;
     size_t bwd_q_smem;
     fa_i_sm90_kernel sm90[2]; /* Hopper forward tiles ([1] optional), NULL fwd: none */
+    fa_i_bwd_kernel sm90_bwd; /* Hopper backward (atomic mode), NULL fn: none */
 } fa_i_kernels;
 
 #if FA_I_SM90
@@ -329,8 +336,18 @@ typedef struct fa_i_tma_maps {
 /* Arguments every backward kernel shares, beside the params. */
 typedef struct fa_i_bwd_args {
     float *dsum;   /* [B, Hq, Nq] D = rowsum(dO * O) */
-    float *dq_acc; /* [B, Hq, Nq, d] fp32 dQ (atomic mode), else NULL */
+    float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, Nq, d], or tiled */
+    int dq_tiled;  /* FA3 backward: [B, Hq, Nq / 64 blocks][64 d], see fa_i_dq_tiled_index */
 } fa_i_bwd_args;
+
+#if FA_I_SM90
+/* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
+   query rows or FA_I_SM90_BWD_KEYS keys) and the shared ones. */
+typedef struct fa_i_sm90_bwd_args {
+    CUtensorMap q, k, v, dout;
+    fa_i_bwd_args a;
+} fa_i_sm90_bwd_args;
+#endif
 
 /* ---- device helpers --------------------------------------------------------- */
 
@@ -528,6 +545,18 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
     }
 }
 
+/* Where the FA3 backward keeps dQ element (r, c) of a 64-row query block:
+   warpgroup c / 64 holds it as accumulator element i = 4 j + 2 g + e (j =
+   (c % 64) / 8, g = (r % 16) / 8, e = c % 2) of its thread 32 (r / 16) +
+   4 (r % 8) + (c % 8) / 2, and a thread's elements 4 j ... 4 j + 3 lie
+   together as one float4, threads side by side: its shared-memory writes
+   are conflict-free and the block leaves in one bulk copy. */
+static __device__ __forceinline__ int fa_i_dq_tiled_index(int r, int c)
+{
+    const int cl = c & 63, thread = 32 * (r >> 4) + 4 * (r & 7) + ((cl & 7) >> 1);
+    return ((((c >> 6) * 8 + (cl >> 3)) * 128 + thread) << 2) + 2 * ((r >> 3) & 1) + (c & 1);
+}
+
 /* dQ = scale * accumulator, stored in the params' dtype and layout. */
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
@@ -537,7 +566,10 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
         const int64_t row = i / p.head_dim;
         const int e = (int)(i % p.head_dim), s = (int)(row % p.seqlen_q);
         const int h = (int)(row / p.seqlen_q % p.heads_q), b = (int)(row / p.seqlen_q / p.heads_q);
-        fa_i_store16(p.dq, fa_i_dev_offset(&p.dq_layout, b, h, s) + e, a.dq_acc[i] * p.scale,
+        const int64_t block = ((int64_t)b * p.heads_q + h) * ((p.seqlen_q + 63) / 64) + s / 64;
+        const int64_t from =
+            a.dq_tiled ? block * 64 * p.head_dim + fa_i_dq_tiled_index(s % 64, e) : i;
+        fa_i_store16(p.dq, fa_i_dev_offset(&p.dq_layout, b, h, s) + e, a.dq_acc[from] * p.scale,
                      p.dtype == FA_DTYPE_BF16);
     }
 }
@@ -683,6 +715,15 @@ static __device__ __forceinline__ void fa_i_tma_store_wait_read(void)
 {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+/* Adds `bytes` of fp32 from shared memory into global memory (the copy
+   engine's reduce-add; one bulk group, waited for like a TMA store). */
+static __device__ __forceinline__ void fa_i_bulk_add_f32(float *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                     (uint64_t)(uintptr_t)dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
 /* Orders this thread's ordinary shared-memory stores before later reads by
    the async proxy (TMA, wgmma). */
 static __device__ __forceinline__ void fa_i_fence_proxy_async(void)
@@ -717,6 +758,21 @@ static __device__ __forceinline__ void fa_i_fence_u32(uint32_t *r, int n)
     int i;
 #pragma unroll
     for (i = 0; i < n; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+/* The FA3 backward's Q and dO tiles of one 64-row block (chunks of 64
+   columns each), completing on bar. */
+static __device__ __forceinline__ void fa_i_sm90_bwd_load_rows(const fa_i_sm90_bwd_args *args,
+                                                               uint32_t sq, uint32_t sdo,
+                                                               uint32_t bar, int chunks, int r0,
+                                                               int h, int b)
+{
+    int c;
+    fa_i_mbar_expect_tx(bar, 2 * chunks * 64 * 128);
+    for (c = 0; c < chunks; ++c) {
+        fa_i_tma_load(sq + c * 64 * 128, &args->q, 64 * c, r0, h, b, bar);
+        fa_i_tma_load(sdo + c * 64 * 128, &args->dout, 64 * c, r0, h, b, bar);
+    }
 }
 
 /* Ping-pong: consumer warpgroup cw of nc owns named barrier 1 + cw; it waits
@@ -822,14 +878,16 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
                        FA_I_F8(d, 120)
 
 /* d (+)= A B for one k16 step; `accumulate` 0 overwrites d. IA, IB, IS: the
-   operand numbers of the A descriptor, B descriptor and accumulate flag. */
-#define FA_I_DEFINE_WGMMA_SS(N, NACC, DT, IA, IB, IS)                                         \
-    static __device__ __forceinline__ void fa_i_wgmma_ss_##DT##_n##N(float *d, uint64_t a,     \
-                                                                     uint64_t b, int accumulate) \
+   operand numbers of the A descriptor, B descriptor and accumulate flag.
+   KIND ss: both operands K-major; sst: both transposed (MN-major, the
+   backward's dQ = dS K with dS^T and K stored [keys][...]). */
+#define FA_I_DEFINE_WGMMA_SS(KIND, TRANS, N, NACC, DT, IA, IB, IS)                            \
+    static __device__ __forceinline__ void fa_i_wgmma_##KIND##_##DT##_n##N(                   \
+        float *d, uint64_t a, uint64_t b, int accumulate)                                     \
     {                                                                                         \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IS ", 0;\n"                           \
                      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #DT "." #DT " {"         \
-                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1, 0, 0;\n}\n"                   \
+                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1, " TRANS ";\n}\n"              \
                      : FA_I_ACC##NACC(d)                                                      \
                      : "l"(a), "l"(b), "r"(accumulate));                                      \
     }
@@ -843,17 +901,19 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
                      : FA_I_ACC##NACC(d)                                                      \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));           \
     }
-/* S tiles of 64 to 192 keys (any the tile table may pick), O tiles of d. */
+/* S tiles of 64 to 192 keys (any the tile table may pick), O tiles of d; the
+   backward's 64 x 64 dQ blocks. */
 #define FA_I_DEFINE_WGMMA_SET(DT)                                                             \
-    FA_I_DEFINE_WGMMA_SS(64, 32, DT, "%32", "%33", "%34")                                     \
-    FA_I_DEFINE_WGMMA_SS(80, 40, DT, "%40", "%41", "%42")                                     \
-    FA_I_DEFINE_WGMMA_SS(96, 48, DT, "%48", "%49", "%50")                                     \
-    FA_I_DEFINE_WGMMA_SS(112, 56, DT, "%56", "%57", "%58")                                    \
-    FA_I_DEFINE_WGMMA_SS(128, 64, DT, "%64", "%65", "%66")                                    \
-    FA_I_DEFINE_WGMMA_SS(144, 72, DT, "%72", "%73", "%74")                                    \
-    FA_I_DEFINE_WGMMA_SS(160, 80, DT, "%80", "%81", "%82")                                    \
-    FA_I_DEFINE_WGMMA_SS(176, 88, DT, "%88", "%89", "%90")                                    \
-    FA_I_DEFINE_WGMMA_SS(192, 96, DT, "%96", "%97", "%98")                                    \
+    FA_I_DEFINE_WGMMA_SS(sst, "1, 1", 64, 32, DT, "%32", "%33", "%34")                        \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 64, 32, DT, "%32", "%33", "%34")                         \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 80, 40, DT, "%40", "%41", "%42")                         \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 96, 48, DT, "%48", "%49", "%50")                         \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 112, 56, DT, "%56", "%57", "%58")                        \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 128, 64, DT, "%64", "%65", "%66")                        \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 144, 72, DT, "%72", "%73", "%74")                        \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 160, 80, DT, "%80", "%81", "%82")                        \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 176, 88, DT, "%88", "%89", "%90")                        \
+    FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 192, 96, DT, "%96", "%97", "%98")                        \
     FA_I_DEFINE_WGMMA_RS(64, 32, DT, "{%32,%33,%34,%35}", "%36", "%37")                       \
     FA_I_DEFINE_WGMMA_RS(128, 64, DT, "{%64,%65,%66,%67}", "%68", "%69")                      \
     FA_I_DEFINE_WGMMA_RS(256, 128, DT, "{%128,%129,%130,%131}", "%132", "%133")
@@ -1047,30 +1107,45 @@ static const fa_i_sm90_kernel *fa_i_sm90_pick(const fa_params *p, const fa_i_ker
                                                                              : &k->sm90[0];
 }
 
-/* Whether the Hopper forward runs p: this build has it for p's head dim and
-   dtype, compiled for sm_90a (only that body has static shared memory), the
-   device (facts from fa_i_cuda_check) is compute capability 9.0 with room
-   for its tiles, and every tensor gets a tensor map. Otherwise the FA2
-   kernel runs. *ctas: the persistent grid, one CTA per SM or per pair of
-   tiles, whichever is fewer. */
-static int fa_i_sm90_ready(const fa_params *p, const fa_i_sm90_kernel *k, const fa_i_device *dev,
-                           fa_i_tma_maps *maps, int *ctas)
+/* Whether a Hopper kernel can run here: the build has it (fn) compiled for
+   sm_90a (only that body has static shared memory), and the device (facts
+   from fa_i_cuda_check) is compute capability 9.0 with room for its tiles. */
+static int fa_i_sm90_compiled(const void *fn, size_t smem, const fa_i_device *dev)
 {
     struct cudaFuncAttributes attr;
-    int64_t pairs;
-    if (!k->fwd || dev->major != 9 || dev->minor != 0 || (size_t)dev->smem_optin < k->smem)
-        return 0;
-    if (cudaFuncGetAttributes(&attr, k->fwd) != cudaSuccess) {
+    if (!fn || dev->major != 9 || dev->minor != 0 || (size_t)dev->smem_optin < smem) return 0;
+    if (cudaFuncGetAttributes(&attr, fn) != cudaSuccess) {
         cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
         return 0;
     }
+    return attr.sharedSizeBytes > 0;
+}
+
+/* Whether the Hopper forward runs p: its kernel can run here and every
+   tensor gets a tensor map. Otherwise the FA2 kernel runs. *ctas: the
+   persistent grid, one CTA per SM or per pair of tiles, whichever is fewer. */
+static int fa_i_sm90_ready(const fa_params *p, const fa_i_sm90_kernel *k, const fa_i_device *dev,
+                           fa_i_tma_maps *maps, int *ctas)
+{
+    int64_t pairs;
+    if (!fa_i_sm90_compiled(k->fwd, k->smem, dev)) return 0;
     pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->rows) * p->heads_q * p->batch + 1) / 2;
     *ctas = pairs < dev->sms ? (int)pairs : dev->sms;
-    return attr.sharedSizeBytes > 0 &&
-           fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->rows) &&
+    return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->rows) &&
            fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
            fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
            fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->seqlen_q, p->heads_q, 64);
+}
+
+/* The same for the Hopper backward (atomic mode) and its tensor maps. */
+static int fa_i_sm90_bwd_ready(const fa_params *p, const fa_i_bwd_kernel *k,
+                               const fa_i_device *dev, fa_i_sm90_bwd_args *args)
+{
+    return fa_i_sm90_compiled(k->fn, k->smem, dev) &&
+           fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, 64) &&
+           fa_i_tma_map(&args->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
+           fa_i_tma_map(&args->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
+           fa_i_tma_map(&args->dout, p->dout, &p->dout_layout, p, p->seqlen_q, p->heads_q, 64);
 }
 #endif
 
@@ -1158,44 +1233,104 @@ FA_API int fa_cuda_forward_algorithm(const fa_params *params)
     return fa_i_plan_forward(params, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
+/* Floats of the atomic mode's dQ accumulator: whole 64-row blocks per head,
+   as the FA3 backward's tiled order needs (the FA2 kernels use the first
+   B Hq Nq d of them). */
+static size_t fa_i_dq_acc_floats(const fa_params *p)
+{
+    return (size_t)p->batch * p->heads_q * fa_i_blocks(p->seqlen_q, 64) * 64 * p->head_dim;
+}
+
 FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
 {
     fa_params p;
-    size_t rows;
     if (fa_params_resolve(params, FA_PASS_BACKWARD, &p) != FA_OK) return 0;
-    rows = (size_t)p.batch * p.heads_q * p.seqlen_q;
-    return sizeof(float) * (fa_i_round4(rows) + (deterministic ? 0 : rows * p.head_dim));
+    return sizeof(float) * (fa_i_round4((size_t)p.batch * p.heads_q * p.seqlen_q) +
+                            (deterministic ? 0 : fa_i_dq_acc_floats(&p)));
+}
+
+/* A validated backward and the kernels that run it. */
+typedef struct fa_i_backward_plan {
+    fa_params p; /* resolved */
+    const fa_i_kernels *k;
+    int algorithm; /* 2 FA2, 3 FA3 */
+#if FA_I_SM90
+    fa_i_sm90_bwd_args fa3; /* FA3 only */
+#endif
+} fa_i_backward_plan;
+
+static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
+                                    fa_i_backward_plan *plan)
+{
+    fa_i_device dev;
+    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &plan->p, &plan->k, &dev);
+    if (s != FA_OK) return s;
+    plan->algorithm = 2;
+#if FA_I_SM90
+    if (!deterministic && fa_i_sm90_bwd_ready(&plan->p, &plan->k->sm90_bwd, &dev, &plan->fa3))
+        plan->algorithm = 3;
+#else
+    (void)deterministic;
+#endif
+    return FA_OK;
+}
+
+FA_API int fa_cuda_backward_algorithm(const fa_params *params, int deterministic)
+{
+    fa_i_backward_plan plan;
+    return fa_i_plan_backward(params, deterministic, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
 FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, void *workspace,
                                   size_t workspace_size, cudaStream_t stream)
 {
-    fa_params p;
-    const fa_i_kernels *k = NULL;
+    fa_i_backward_plan plan;
+    const fa_params *p = &plan.p;
+    const fa_i_kernels *k;
     fa_i_bwd_args a;
-    fa_i_device dev;
-    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &p, &k, &dev);
-    const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;
+    int64_t rows;
     size_t need;
+    fa_status s = fa_i_plan_backward(params, deterministic, &plan);
     if (s != FA_OK) return s;
-    need = fa_cuda_backward_workspace_size(&p, deterministic);
+    k = plan.k;
+    rows = (int64_t)p->batch * p->heads_q * p->seqlen_q;
+    need = fa_cuda_backward_workspace_size(p, deterministic);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
         return fa_i_fail(FA_ERR_WORKSPACE, "backward needs %zu bytes, 16-byte aligned", need);
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
+    a.dq_tiled = plan.algorithm == 3;
+#if FA_I_SM90
+    if (plan.algorithm == 3) {
+        const fa_i_bwd_args pre = {a.dsum, NULL, 0}; /* the tiled accumulator is zeroed whole */
+        cudaError_t e = cudaMemsetAsync(a.dq_acc, 0, sizeof(float) * fa_i_dq_acc_floats(p), stream);
+        if (e != cudaSuccess) return fa_i_cuda_error(e, "cudaMemsetAsync");
+        plan.fa3.a = a;
+        s = fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(rows, 8)), 256, 0,
+                        stream, p, (void *)&pre);
+        if (s == FA_OK)
+            s = fa_i_launch(k->sm90_bwd.fn,
+                            dim3(fa_i_blocks(p->seqlen_k, k->sm90_bwd.keys), p->heads_kv, p->batch),
+                            k->sm90_bwd.threads, k->sm90_bwd.smem, stream, p, &plan.fa3);
+        if (s == FA_OK)
+            s = fa_i_launch((const void *)fa_i_bwd_postprocess,
+                            dim3(fa_i_blocks(rows * p->head_dim, 256)), 256, 0, stream, p, &a);
+        return s;
+    }
+#endif
     s = fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(rows, 8)), 256, 0, stream,
-                    &p, &a);
+                    p, &a);
     if (s == FA_OK) {
         const fa_i_bwd_kernel *kv = &k->bwd_kv[deterministic ? 1 : 0];
-        s = fa_i_launch(kv->fn, dim3(fa_i_blocks(p.seqlen_k, kv->keys), p.heads_kv, p.batch),
-                        kv->threads, kv->smem, stream, &p, &a);
+        s = fa_i_launch(kv->fn, dim3(fa_i_blocks(p->seqlen_k, kv->keys), p->heads_kv, p->batch),
+                        kv->threads, kv->smem, stream, p, &a);
     }
     if (s == FA_OK && deterministic)
-        s = fa_i_launch(k->bwd_q, dim3(fa_i_blocks(p.seqlen_q, k->bwd_q_rows), p.heads_q, p.batch),
-                        k->bwd_q_threads, k->bwd_q_smem, stream, &p, &a);
+        s = fa_i_launch(k->bwd_q, dim3(fa_i_blocks(p->seqlen_q, k->bwd_q_rows), p->heads_q, p->batch),
+                        k->bwd_q_threads, k->bwd_q_smem, stream, p, &a);
     if (s == FA_OK && !deterministic)
         s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                        dim3(fa_i_blocks(rows * p.head_dim, 256)), 256, 0, stream, &p, &a);
+                        dim3(fa_i_blocks(rows * p->head_dim, 256)), 256, 0, stream, p, &a);
     return s;
 }
 
@@ -1209,7 +1344,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
 #define FA_I_NO_KERNELS \
-    {0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, 0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}}
+    {0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, 0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {0, 0, 0, 0}}
 #if !FA_I_BUILD_D(FA_I_D)
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
 #else
@@ -1292,6 +1427,19 @@ FA_I_SM90_CHECK(FA_I_SM90_CFG_1);
 #define FA_I_HAS_SM90 0
 #define FA_I_SM90_ENTRIES(dt) {{0, 0, 0, 0}, {0, 0, 0, 0}}
 #endif
+#if FA_I_SM90 && FA_I_D == 128
+#define FA_I_HAS_SM90_BWD 1
+/* K, V, two Q and dO buffers, two dS^T buffers (keys x 64 rows), dQ in fp32
+   (64 rows), after the 1 KB alignment slack. */
+#define FA_I_SM90_BWD_SMEM \
+    (1024 + 2 * (2 * FA_I_SM90_BWD_KEYS * FA_I_D + 4 * 64 * FA_I_D + 2 * FA_I_SM90_BWD_KEYS * 64) + 4 * 64 * FA_I_D)
+static_assert(FA_I_SM90_BWD_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 backward tiles exceed shared memory");
+#define FA_I_SM90_BWD_ENTRY(dt) \
+    {(const void *)FA_I_NAME(bwd_sm90, dt), FA_I_SM90_BWD_KEYS, 256, FA_I_SM90_BWD_SMEM}
+#else
+#define FA_I_HAS_SM90_BWD 0
+#define FA_I_SM90_BWD_ENTRY(dt) {0, 0, 0, 0}
+#endif
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
 static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_ATOMIC) <= FA_I_SMEM_MAX,
               "flashattn: backward tile exceeds shared memory");
@@ -1324,7 +1472,8 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
      {FA_I_BWD_ENTRY(dt, _dq, FA_I_BWD_CFG_ATOMIC), FA_I_BWD_ENTRY(dt, _nodq, FA_I_BWD_CFG_DET)}, \
      (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),                 \
-     32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt)}
+     32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt),          \
+     FA_I_SM90_BWD_ENTRY(dt)}
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #if FA_CUDA_DTYPE != 2
     FA_I_ENTRY(f16),
@@ -1341,6 +1490,11 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_BWD_ENTRY
 #undef FA_I_SM90_ENTRIES
 #undef FA_I_HAS_SM90
+#undef FA_I_SM90_BWD_ENTRY
+#undef FA_I_HAS_SM90_BWD
+#ifdef FA_I_SM90_BWD_SMEM
+#undef FA_I_SM90_BWD_SMEM
+#endif
 #ifdef FA_I_SM90_CFG_0
 #undef FA_I_SM90_CFG_0
 #undef FA_I_SM90_ENTRY
@@ -1648,18 +1802,13 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 
 /* ---- backward: dK, dV (and dQ by atomics) per key block ------------------------ */
 
-/* Loads one step of the backward's query side: Q, dO (async) and, per row,
-   the base-2 LSE, D and the key range. */
-static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
-    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, uint16_t *sq, uint16_t *sdo,
-    float *slse, float *sdsum, int *slo, int *shi, int bm, int d, int ld, int tid, int nthreads)
+/* Per query row r0 + r (r < bm): the base-2 LSE, D and the key range. */
+static __device__ __forceinline__ void FA_I_NAME(bwd_row_facts, FA_I_DT)(
+    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, float *slse, float *sdsum,
+    int *slo, int *shi, int bm, int tid, int nthreads)
 {
     const int64_t row_base = ((int64_t)b * p->heads_q + h) * p->seqlen_q;
     int r;
-    fa_i_async_tile(sq, (const uint16_t *)p->q + fa_i_dev_offset(&p->q_layout, b, h, 0),
-                    p->q_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
-    fa_i_async_tile(sdo, (const uint16_t *)p->dout + fa_i_dev_offset(&p->dout_layout, b, h, 0),
-                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
     for (r = tid; r < bm; r += nthreads) {
         int lo = 0, hi = 0;
         float lse = -INFINITY, dsum = 0.0f;
@@ -1674,6 +1823,19 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
         slo[r] = lo;
         shi[r] = hi;
     }
+}
+
+/* Loads one step of the backward's query side: Q, dO (async) and, per row,
+   the base-2 LSE, D and the key range. */
+static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
+    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, uint16_t *sq, uint16_t *sdo,
+    float *slse, float *sdsum, int *slo, int *shi, int bm, int d, int ld, int tid, int nthreads)
+{
+    fa_i_async_tile(sq, (const uint16_t *)p->q + fa_i_dev_offset(&p->q_layout, b, h, 0),
+                    p->q_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
+    fa_i_async_tile(sdo, (const uint16_t *)p->dout + fa_i_dev_offset(&p->dout_layout, b, h, 0),
+                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
+    FA_I_NAME(bwd_row_facts, FA_I_DT)(p, a, b, h, r0, slse, sdsum, slo, shi, bm, tid, nthreads);
 }
 
 /* First and last query rows that may see keys [c0, c1) (first > last: none).
@@ -1713,6 +1875,11 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_row_span, FA_I_DT)(const fa
 #include "flashattn_cuda.cuh"
 #undef FA_I_BWD_DQ
 #undef FA_I_BWD_CFG
+#if FA_I_HAS_SM90_BWD /* the FA3 backward: pass 5 */
+#undef FA_I_PASS
+#define FA_I_PASS 5
+#include "flashattn_cuda.cuh"
+#endif
 #undef FA_I_PASS
 #define FA_I_PASS 2
 
@@ -2420,4 +2587,252 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
 #undef FA_I_BWD_MODE
 #undef FA_I_BWD_MODE_1
 #undef FA_I_BWD_MODE_0
+
+/* ======================================================================== */
+#elif FA_I_PASS == 5
+/* The FA3 backward for one (head dim FA_I_D, dtype FA_I_DT), dQ by bulk
+   reduce-adds (the atomic mode). Included from pass 2, whose helpers it uses.
+
+   One CTA of two warpgroups per (FA_I_SM90_BWD_KEYS = 128 keys, kv head,
+   batch): warpgroup w owns keys 64 w ... 64 w + 63, their dK and dV in
+   registers, and walks the 64-row query blocks that see them (of each query
+   head of the group), Q and dO double-buffered by TMA. Per block:
+     S^T = K Q^T, dP^T = V dO^T              SS wgmma, 64 keys x 64 rows
+     P^T = 2^(S^T - LSE), dS^T = P^T (dP^T - D)
+     dV += P^T dO, dK += dS^T Q              RS wgmma, P^T and dS^T from registers
+     dS^T to shared memory, barrier
+     dQ[:, 64 w ...] = dS K[:, 64 w ...]     SS wgmma, both operands transposed
+   dQ leaves through shared memory in fa_i_dq_tiled_index's order: thread 0
+   adds the block into the fp32 accumulator with one bulk reduce-add that
+   runs while the next block computes. A thread holds accumulator rows
+   (keys) r and r + 8, r = 16 * warp + lane / 4, columns 8 (i / 4) +
+   2 (lane % 4) + i % 2 (FA_I_SM90_COL). Shared tiles are [d / 64][rows][64]
+   with the 128-byte swizzle; dS^T is [keys][64 rows]. */
+static_assert(FA_I_D == 128, "flashattn: the FA3 backward's dQ split assumes d = 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_I_WGMMA_NT FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), _n64)
+#define FA_I_WGMMA_DKV FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D))
+#define FA_I_WGMMA_DQ FA_I_CAT(FA_I_CAT(fa_i_wgmma_sst_, FA_I_DT), _n64)
+
+/* Issues acc = A B^T over d: A the 64 rows at a of a [d / 64][a_rows][64]
+   tile, B a [d / 64][64][64] tile (no commit). */
+static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_nt, FA_I_DT)(float *acc, uint32_t a,
+                                                                      int a_rows, uint32_t b)
+{
+    const uint64_t ad = fa_i_wgmma_desc(a, 16, 1024), bd = fa_i_wgmma_desc(b, 16, 1024);
+    int k;
+#pragma unroll
+    for (k = 0; k < FA_I_D / 16; ++k) /* 64-column chunk k / 4, 32 bytes per k16 step */
+        FA_I_WGMMA_NT(acc, fa_i_desc_add(ad, (k >> 2) * a_rows * 128 + (k & 3) * 32),
+                      fa_i_desc_add(bd, (k >> 2) * 64 * 128 + (k & 3) * 32), k > 0);
+}
+
+/* Issues acc += A B: A (64 keys x 64 rows) from registers in 16-bit pairs, B
+   the [d / 64][64 rows][64] tile of dO or Q (no commit). */
+static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_rs, FA_I_DT)(float *acc,
+                                                                      const uint32_t *a, uint32_t b)
+{
+    const uint64_t bd = fa_i_wgmma_desc(b, 64 * 128, 1024);
+    int k;
+#pragma unroll
+    for (k = 0; k < 4; ++k) /* 16 rows of 128 bytes per k16 step */
+        FA_I_WGMMA_DKV(acc, a + 4 * k, fa_i_desc_add(bd, k * 2048));
+}
+
+/* Issues acc = dS K_c (64 rows x 64 columns of d) over the CTA's keys: dS^T
+   at ds ([keys][64 rows]), K's column chunk at kc ([keys][64]) (no commit). */
+static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_dq, FA_I_DT)(float *acc, uint32_t ds,
+                                                                      uint32_t kc)
+{
+    enum { BN = FA_I_SM90_BWD_KEYS };
+    const uint64_t ad = fa_i_wgmma_desc(ds, BN * 128, 1024);
+    const uint64_t bd = fa_i_wgmma_desc(kc, BN * 128, 1024);
+    int k;
+#pragma unroll
+    for (k = 0; k < BN / 16; ++k) /* 16 keys of 128 bytes per k16 step */
+        FA_I_WGMMA_DQ(acc, fa_i_desc_add(ad, k * 2048), fa_i_desc_add(bd, k * 2048), k > 0);
+}
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+static __global__ void __launch_bounds__(256, 1)
+    FA_I_NAME(bwd_sm90, FA_I_DT)(const fa_params p, const __grid_constant__ fa_i_sm90_bwd_args args)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    enum {
+        D = FA_I_D, BN = FA_I_SM90_BWD_KEYS, BM = 64, CHUNKS = D / 64,
+        KV_BYTES = BN * D * 2, ROWS_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2
+    };
+    /* kv_full, then rows_full per buffer (Q and dO of one block). Only this
+       sm_90a body has static shared memory (see fa_i_sm90_ready). */
+    __shared__ __align__(8) uint64_t bars[3];
+    __shared__ float slse[2][BM], sdsum[2][BM];
+    __shared__ int slo[2][BM], shi[2][BM];
+    extern __shared__ uint4 fa_i_smem[];
+    const uint32_t sk = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u, sv = sk + KV_BYTES;
+    const uint32_t sq = sv + KV_BYTES, sdo = sq + 2 * ROWS_BYTES, sds = sdo + 2 * ROWS_BYTES;
+    const uint32_t sdq = sds + 2 * DS_BYTES; /* BM x d floats */
+    const uint32_t kv_full = fa_i_smem_addr(bars), rows_full = kv_full + 8;
+    const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
+    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.heads_q / p.heads_kv, q_blocks = (p.seqlen_q + BM - 1) / BM;
+    const int key0 = 64 * w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
+    float dk[D / 2], dv[D / 2];
+    int first, last, blocks, steps, step, i;
+
+    FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
+    blocks = first <= last ? last / BM - first / BM + 1 : 0;
+    steps = group * blocks; /* (query head, query block) pairs, in order */
+#define FA_I_STEP_HEAD(n) (hk * group + (n) / blocks)
+#define FA_I_STEP_ROW(n) ((first / BM + (n) % blocks) * BM)
+#define FA_I_SM90_COL(i) (8 * ((i) >> 2) + 2 * (lane & 3) + ((i) & 1))
+    if (tid == 0) {
+        fa_i_mbar_init(kv_full, 1);
+        fa_i_mbar_init(rows_full, 1);
+        fa_i_mbar_init(rows_full + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0 && steps > 0) {
+        int c;
+        fa_i_mbar_expect_tx(kv_full, 2 * KV_BYTES);
+        for (c = 0; c < CHUNKS; ++c) {
+            fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full);
+            fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full);
+        }
+        fa_i_sm90_bwd_load_rows(&args, sq, sdo, rows_full, CHUNKS, FA_I_STEP_ROW(0),
+                                FA_I_STEP_HEAD(0), b);
+    }
+    if (steps > 0)
+        FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(0), FA_I_STEP_ROW(0),
+                                          slse[0], sdsum[0], slo[0], shi[0], BM, tid, 256);
+#pragma unroll
+    for (i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+    __syncthreads();
+    if (steps > 0) fa_i_mbar_wait(kv_full, 0);
+    for (step = 0; step < steps; ++step) {
+        const int buf = step & 1, h = FA_I_STEP_HEAD(step), r0 = FA_I_STEP_ROW(step);
+        const uint32_t sqt = sq + buf * ROWS_BYTES, sdot = sdo + buf * ROWS_BYTES;
+        const uint32_t sdst = sds + buf * DS_BYTES;
+        const float *lse2 = slse[buf], *dsum = sdsum[buf];
+        float s[32], dp[32], dq[32];
+        uint32_t pr[16], dsr[16];
+        fa_i_mbar_wait(rows_full + 8 * buf, (uint32_t)((step >> 1) & 1));
+        fa_i_wgmma_fence();
+        FA_I_NAME(sm90_bwd_nt, FA_I_DT)(s, sk + w * 64 * 128, BN, sqt);
+        fa_i_wgmma_commit();
+        FA_I_NAME(sm90_bwd_nt, FA_I_DT)(dp, sv + w * 64 * 128, BN, sdot);
+        fa_i_wgmma_commit();
+        FA_I_WGMMA_WAIT(1);
+        fa_i_fence_f32(s, 32);
+        /* P^T; softcap and mask in uniform branches around their own loops */
+        if (p.softcap > 0.0f)
+#pragma unroll
+            for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
+        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0 + 64 * w,
+                                 c0 + 64 * w + 64) != 2)
+#pragma unroll
+            for (i = 0; i < 32; ++i) {
+                const int r = FA_I_SM90_COL(i), key = c0 + key0 + 8 * ((i >> 1) & 1);
+                if (key < slo[buf][r] || key >= shi[buf][r]) s[i] = -INFINITY;
+            }
+#pragma unroll
+        for (i = 0; i < 32; ++i)
+            s[i] = fa_i_dev_exp2(fmaf(s[i], log2_scale, -lse2[FA_I_SM90_COL(i)]));
+        FA_I_WGMMA_WAIT(0);
+        fa_i_fence_f32(dp, 32);
+#pragma unroll
+        for (i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - dsum[FA_I_SM90_COL(i)]);
+        if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
+#pragma unroll
+            for (i = 0; i < 32; ++i) {
+                const float th = fa_i_capped_tanh(&p, s[i], lse2[FA_I_SM90_COL(i)]);
+                dp[i] *= 1.0f - th * th;
+            }
+#pragma unroll
+        for (i = 0; i < 16; ++i) {
+            pr[i] = FA_I_PACK(s[2 * i], s[2 * i + 1]);
+            dsr[i] = FA_I_PACK(dp[2 * i], dp[2 * i + 1]);
+        }
+        fa_i_wgmma_fence();
+        FA_I_NAME(sm90_bwd_rs, FA_I_DT)(dv, pr, sdot);
+        FA_I_NAME(sm90_bwd_rs, FA_I_DT)(dk, dsr, sqt);
+        fa_i_wgmma_commit();
+#pragma unroll
+        for (i = 0; i < 16; ++i) { /* dS^T for dQ, swizzled like the TMA tiles */
+            const int key = key0 + 8 * (i & 1), col = 8 * (i >> 1);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdst + key * 128 +
+                                                          (((col >> 3) ^ (key & 7)) << 4) +
+                                                          4 * (lane & 3)),
+                         "r"(dsr[i])
+                         : "memory");
+        }
+        fa_i_fence_proxy_async();
+        if (tid == 0) fa_i_tma_store_wait_read(); /* the last block's dQ has left sdq */
+        /* Everyone's dS^T is in; every wgmma of the last step is done, so its
+           Q/dO buffer (the next step's) and row facts may be overwritten. */
+        __syncthreads();
+        if (step + 1 < steps) {
+            if (tid == 0)
+                fa_i_sm90_bwd_load_rows(&args, sq + (buf ^ 1) * ROWS_BYTES,
+                                        sdo + (buf ^ 1) * ROWS_BYTES, rows_full + 8 * (buf ^ 1),
+                                        CHUNKS, FA_I_STEP_ROW(step + 1), FA_I_STEP_HEAD(step + 1),
+                                        b);
+            if (w == 1)
+                FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 1),
+                                                  FA_I_STEP_ROW(step + 1), slse[buf ^ 1],
+                                                  sdsum[buf ^ 1], slo[buf ^ 1], shi[buf ^ 1], BM,
+                                                  t, 128);
+        }
+        fa_i_wgmma_fence();
+        FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst, sk + w * BN * 128);
+        fa_i_wgmma_commit();
+        FA_I_WGMMA_WAIT(0);
+        fa_i_fence_f32(dq, 32);
+        fa_i_fence_f32(dk, D / 2);
+        fa_i_fence_f32(dv, D / 2);
+        fa_i_fence_u32(pr, 16);
+        fa_i_fence_u32(dsr, 16);
+#pragma unroll
+        for (i = 0; i < 8; ++i)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                             sdq + ((w * 8 + i) * 128 + t) * 16),
+                         "f"(dq[4 * i]), "f"(dq[4 * i + 1]), "f"(dq[4 * i + 2]), "f"(dq[4 * i + 3])
+                         : "memory");
+        fa_i_fence_proxy_async();
+        __syncthreads();
+        if (tid == 0) {
+            fa_i_bulk_add_f32(args.a.dq_acc +
+                                  (((int64_t)b * p.heads_q + h) * q_blocks + r0 / BM) * BM * D,
+                              sdq, BM * D * 4);
+            fa_i_tma_store_commit();
+        }
+    }
+#undef FA_I_STEP_HEAD
+#undef FA_I_STEP_ROW
+    if (tid == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */
+    {
+        uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
+        uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
+#pragma unroll
+        for (i = 0; i < D / 2; i += 2) {
+            const int key = c0 + key0 + 8 * ((i >> 1) & 1), col = FA_I_SM90_COL(i);
+            if (key < p.seqlen_k) {
+                *(uint32_t *)(gdk + (int64_t)key * p.dk_layout.seq + col) =
+                    FA_I_PACK(dk[i] * p.scale, dk[i + 1] * p.scale);
+                *(uint32_t *)(gdv + (int64_t)key * p.dv_layout.seq + col) = FA_I_PACK(dv[i], dv[i + 1]);
+            }
+        }
+    }
+#undef FA_I_SM90_COL
+#else
+    (void)p;
+    (void)args;
+#endif
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#undef FA_I_WGMMA_NT
+#undef FA_I_WGMMA_DKV
+#undef FA_I_WGMMA_DQ
+#endif
 #endif

@@ -95,6 +95,9 @@ class Ours:
     def algorithm(self):
         return self.lib.fa_cuda_forward_algorithm(ctypes.byref(self.p))
 
+    def backward_algorithm(self):
+        return self.lib.fa_cuda_backward_algorithm(ctypes.byref(self.p), 0)
+
     def backward(self, deterministic=0):
         status = self.lib.fa_cuda_backward(ctypes.byref(self.p), deterministic,
                                            ctypes.c_void_p(self.workspace.data_ptr()),
@@ -133,7 +136,7 @@ def run_config(dtype, d, n, causal, reps, backward=True):
     ours = Ours(q, k, v, o, lse, dout, dq, dk, dv, causal)
     flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
     row = dict(dtype=dtype, d=d, n=n, causal=causal, batch=b, heads=h,
-               algorithm=ours.algorithm())
+               algorithm=ours.algorithm(), bwd_algorithm=ours.backward_algorithm())
 
     ours.forward()
     ours.backward()
@@ -171,8 +174,8 @@ def run_config(dtype, d, n, causal, reps, backward=True):
         impl.forward()
         torch.cuda.synchronize()
         check(f"o_{build}", o, ref)
-        if backward and build in EXTRA:  # its own backward too (tile variants)
-            for deterministic in (0, 1):
+        if backward and (build in EXTRA or build == "fa2"):  # its own backward too
+            for deterministic in ((0, 1) if build in EXTRA else (0,)):
                 for t in (dq, dk, dv):
                     t.fill_(float("nan"))
                 impl.backward(deterministic)
@@ -183,8 +186,9 @@ def run_config(dtype, d, n, causal, reps, backward=True):
     row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
     for build, impl in builds.items():
         row[f"{build}_fwd"] = flops / median_ms(impl.forward, reps) / 1e9
-        if backward and build in EXTRA:
+        if backward and (build in EXTRA or build == "fa2"):
             row[f"{build}_bwd"] = 2.5 * flops / median_ms(impl.backward, reps) / 1e9
+        if backward and build in EXTRA:
             row[f"{build}_bwd_det"] = 2.5 * flops / median_ms(lambda: impl.backward(1),
                                                               reps) / 1e9
     if backward:
@@ -229,15 +233,17 @@ def forward_table(rows):
 
 
 def backward_table(rows):
-    head = ("| dtype | d | N | causal | ours bwd | flash bwd | cuDNN bwd | ours/flash | "
-            "ours/cuDNN | ours bwd deterministic |" +
+    head = ("| dtype | d | N | causal | ours | ours bwd | flash bwd | cuDNN bwd | ours/flash | "
+            "ours/cuDNN | ours bwd deterministic | ours FA2 bwd | FA2/flash |" +
             "".join(f" {b} bwd | {b} deterministic |" for b in EXTRA))
-    lines = [head, "|" + "---|" * (10 + 2 * len(EXTRA))]
+    lines = [head, "|" + "---|" * (13 + 2 * len(EXTRA))]
     for r in rows:
         lines.append(
-            f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | {fmt(r, 'ours_bwd')} | "
+            f"| {r['dtype']} | {r['d']} | {r['n']} | {int(r['causal'])} | "
+            f"{ALGORITHMS.get(r.get('bwd_algorithm'), '-')} | {fmt(r, 'ours_bwd')} | "
             f"{fmt(r, 'flash_bwd')} | {fmt(r, 'cudnn_bwd')} | {ratio(r, 'ours_bwd', 'flash_bwd')} | "
-            f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} | {fmt(r, 'ours_bwd_det')} |" +
+            f"{ratio(r, 'ours_bwd', 'cudnn_bwd')} | {fmt(r, 'ours_bwd_det')} | "
+            f"{fmt(r, 'fa2_bwd')} | {ratio(r, 'fa2_bwd', 'flash_bwd')} |" +
             "".join(f" {fmt(r, b + '_bwd')} | {fmt(r, b + '_bwd_det')} |" for b in EXTRA))
     return lines
 
@@ -313,7 +319,8 @@ def main():
         f"- commit: {commit}",
         "- TFLOP/s; forward 4·B·H·N²·d (halved when causal), backward 2.5× forward;"
         " B = 16384/N, H = 2048/d; CUDA-event medians; ratios > 1 mean flashattn is faster",
-        "- ours = the default build (column `ours` names the forward kernel it ran);"
+        "- ours = the default build (column `ours` names the kernel it ran: FA3 backward at"
+        " d = 128 in the atomic mode on Hopper, FA2 else; the deterministic mode is FA2);"
         " ours FA2 = built with FA_SM90=0; no overlap / no ping-pong = FA3 built with"
         " FA_SM90_OVERLAP=0 / FA_SM90_PINGPONG=0",
         "- command: `make bench`",

@@ -230,6 +230,8 @@ def call_backward(backend, p, threads=2):
         return CPU.fa_ref_backward(ctypes.byref(p))
     if backend in ("gpu", "gpu_det"):
         return GPU.fa_test_gpu_backward(ctypes.byref(p), int(backend == "gpu_det"))
+    if backend == "gpu_fa2":
+        return GPU_FA2.fa_test_gpu_backward(ctypes.byref(p), 0)
     return CPU.fa_cpu_backward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 

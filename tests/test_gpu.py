@@ -32,8 +32,11 @@ def gpu_forward(**cfg):
 
 
 def gpu_backward(**cfg):
+    """The default build's atomic (FA3 on Hopper at d = 128) and deterministic
+    modes and, where built, the FA2 atomic kernel on its own."""
     need_gpu()
-    return backward_case(backends=("gpu", "gpu_det"), **cfg)
+    return backward_case(backends=("gpu", "gpu_det") + (("gpu_fa2",) if fa.GPU_FA2 else ()),
+                         **cfg)
 
 
 def gpu_fa1_forward(**cfg):
@@ -67,6 +70,12 @@ for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
     for causal in (False, True):
         case(f"gpu_fwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_forward, seqlen_q=nq,
              seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal)
+
+# The FA3 backward's tiles (d 128): 128 keys per CTA, 64-row query blocks.
+for nq, nk in ((1, 1), (63, 64), (65, 257), (257, 7), (1000, 129), (129, 1000), (700, 2100)):
+    for causal in (False, True):
+        case(f"gpu_bwd_tiles_d128_{nq}x{nk}_causal{int(causal)}", gpu_backward, seqlen_q=nq,
+             seqlen_k=nk, head_dim=128, dtype="bf16", causal=causal, heads_q=4, heads_kv=2)
 
 for window in ((0, 0), (16, 0), (-1, 5), (7, -1), (40, 3)):
     case(f"gpu_fwd_window_{window[0]}_{window[1]}", gpu_forward, seqlen_q=300, seqlen_k=350,
@@ -141,6 +150,32 @@ def gpu_forward_algorithm_dispatch():
         seen.append(f"d{d}:FA{got}")
     p.head_dim = 48
     assert lib.fa_cuda_forward_algorithm(ctypes.byref(p)) == 0
+    return f"cc {cc}: " + " ".join(seen)
+
+
+@test
+def gpu_backward_algorithm_dispatch():
+    """The FA3 backward runs exactly where it should: d 128, atomic mode, on
+    compute capability 9.0 in the default build; FA2 everywhere else."""
+    lib = need_gpu()
+    cc = lib.fa_test_gpu_cc()
+    prob = fa.Problem(rng_for("bwd_dispatch"), seqlen_q=100, seqlen_k=100, dtype="bf16")
+    seen = []
+    for d in HEAD_DIMS:
+        prob.d = d
+        names = ("q", "k", "v", "o", "dout", "dq", "dk", "dv")
+        t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in names}
+        t["lse"] = np.zeros((1, prob.hq, prob.nq), np.float32)
+        p = prob.params(t)
+        for det in (0, 1):
+            expected = 3 if cc == 90 and d == 128 and not det else 2
+            got = lib.fa_cuda_backward_algorithm(ctypes.byref(p), det)
+            assert got == expected, f"d={d} det={det} cc={cc}: {got}, expected {expected}"
+            if fa.GPU_FA2:
+                assert fa.GPU_FA2.fa_cuda_backward_algorithm(ctypes.byref(p), det) == 2
+        seen.append(f"d{d}:FA{lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0)}")
+    p.head_dim = 48
+    assert lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0) == 0
     return f"cc {cc}: " + " ".join(seen)
 
 

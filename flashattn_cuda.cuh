@@ -85,7 +85,7 @@ FA_API fa_status fa_cuda_supported(const fa_params *p, fa_pass pass);
 FA_API int fa_cuda_forward_algorithm(const fa_params *p);
 
 /* The backward algorithm fa_cuda_backward runs for p: 2 FA2 (mma.sync), 3
-   FA3 (Hopper sm_90a, d = 128, not deterministic); 0 when p is unsupported. */
+   FA3 (Hopper sm_90a, d = 64 or 128, not deterministic); 0 when p is unsupported. */
 FA_API int fa_cuda_backward_algorithm(const fa_params *p, int deterministic);
 
 /* Bytes of workspace the forward needs (0 for FA2; O, m, l for FA1). */
@@ -265,7 +265,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_QBUFS_128 1
 #define FA_I_SM90_QBUFS_256 1
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
-/* The FA3 backward (d = 128): keys per CTA, 64 per consumer warpgroup. */
+/* The FA3 backward (d = 64, 128): keys per CTA, 64 per warpgroup. */
 #define FA_I_SM90_BWD_KEYS 128
 /* Registers per thread after setmaxnreg, for nc consumer warpgroups. setmaxnreg
    only moves registers within the CTA's launch allocation, 128 (nc + 1)
@@ -546,11 +546,11 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 }
 
 /* Where the FA3 backward keeps dQ element (r, c) of a 64-row query block:
-   warpgroup c / 64 holds it as accumulator element i = 4 j + 2 g + e (j =
-   (c % 64) / 8, g = (r % 16) / 8, e = c % 2) of its thread 32 (r / 16) +
-   4 (r % 8) + (c % 8) / 2, and a thread's elements 4 j ... 4 j + 3 lie
-   together as one float4, threads side by side: its shared-memory writes
-   are conflict-free and the block leaves in one bulk copy. */
+   the dQ part of columns 64 (c / 64) ... holds it as accumulator element
+   i = 4 j + 2 g + e (j = (c % 64) / 8, g = (r % 16) / 8, e = c % 2) of
+   thread 32 (r / 16) + 4 (r % 8) + (c % 8) / 2, and a thread's elements
+   4 j ... 4 j + 3 lie together as one float4, threads side by side: its
+   shared-memory writes are conflict-free and a part leaves in one bulk copy. */
 static __device__ __forceinline__ int fa_i_dq_tiled_index(int r, int c)
 {
     const int cl = c & 63, thread = 32 * (r >> 4) + 4 * (r & 7) + ((cl & 7) >> 1);
@@ -1427,12 +1427,12 @@ FA_I_SM90_CHECK(FA_I_SM90_CFG_1);
 #define FA_I_HAS_SM90 0
 #define FA_I_SM90_ENTRIES(dt) {{0, 0, 0, 0}, {0, 0, 0, 0}}
 #endif
-#if FA_I_SM90 && FA_I_D == 128
+#if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128)
 #define FA_I_HAS_SM90_BWD 1
-/* K, V, two Q and dO buffers, two dS^T buffers (keys x 64 rows), dQ in fp32
-   (64 rows), after the 1 KB alignment slack. */
+/* K, V, two Q and dO buffers, two dS^T buffers (keys x 64 rows), each
+   warpgroup's fp32 dQ part (64 x 64), after the 1 KB alignment slack. */
 #define FA_I_SM90_BWD_SMEM \
-    (1024 + 2 * (2 * FA_I_SM90_BWD_KEYS * FA_I_D + 4 * 64 * FA_I_D + 2 * FA_I_SM90_BWD_KEYS * 64) + 4 * 64 * FA_I_D)
+    (1024 + 2 * (2 * FA_I_SM90_BWD_KEYS * FA_I_D + 4 * 64 * FA_I_D + 2 * FA_I_SM90_BWD_KEYS * 64) + 2 * 4 * 64 * 64)
 static_assert(FA_I_SM90_BWD_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 backward tiles exceed shared memory");
 #define FA_I_SM90_BWD_ENTRY(dt) \
     {(const void *)FA_I_NAME(bwd_sm90, dt), FA_I_SM90_BWD_KEYS, 256, FA_I_SM90_BWD_SMEM}
@@ -2601,14 +2601,19 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
      P^T = 2^(S^T - LSE), dS^T = P^T (dP^T - D)
      dV += P^T dO, dK += dS^T Q              RS wgmma, P^T and dS^T from registers
      dS^T to shared memory, barrier
-     dQ[:, 64 w ...] = dS K[:, 64 w ...]     SS wgmma, both operands transposed
-   dQ leaves through shared memory in fa_i_dq_tiled_index's order: thread 0
-   adds the block into the fp32 accumulator with one bulk reduce-add that
-   runs while the next block computes. A thread holds accumulator rows
+     d = 128: dQ[:, 64 w ...] = dS K[:, 64 w ...] over all 128 keys
+     d = 64:  dQ += dS_w K_w, over the warpgroup's own 64 keys
+                                             SS wgmma, both operands transposed
+   (a 64 x 128 dQ block per warpgroup would not fit in its registers at d =
+   128, and 32-column halves do not fit the swizzle at d = 64). Each
+   warpgroup's dQ part leaves through its own 16 KB of shared memory in
+   fa_i_dq_tiled_index's order: its thread 0 adds it into the fp32
+   accumulator with one bulk reduce-add that runs while the next block
+   computes. A thread holds accumulator rows
    (keys) r and r + 8, r = 16 * warp + lane / 4, columns 8 (i / 4) +
    2 (lane % 4) + i % 2 (FA_I_SM90_COL). Shared tiles are [d / 64][rows][64]
    with the 128-byte swizzle; dS^T is [keys][64 rows]. */
-static_assert(FA_I_D == 128, "flashattn: the FA3 backward's dQ split assumes d = 128");
+static_assert(FA_I_D == 64 || FA_I_D == 128, "flashattn: the FA3 backward takes d = 64 or 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_I_WGMMA_NT FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), _n64)
 #define FA_I_WGMMA_DKV FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D))
@@ -2639,17 +2644,17 @@ static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_rs, FA_I_DT)(float *ac
         FA_I_WGMMA_DKV(acc, a + 4 * k, fa_i_desc_add(bd, k * 2048));
 }
 
-/* Issues acc = dS K_c (64 rows x 64 columns of d) over the CTA's keys: dS^T
-   at ds ([keys][64 rows]), K's column chunk at kc ([keys][64]) (no commit). */
+/* Issues acc = dS K_c (64 rows x 64 columns of d) over `keys` keys: dS^T at
+   ds ([keys][64 rows]), K's column chunk at kc ([keys][64]) (no commit). */
 static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_dq, FA_I_DT)(float *acc, uint32_t ds,
-                                                                      uint32_t kc)
+                                                                      uint32_t kc, int keys)
 {
     enum { BN = FA_I_SM90_BWD_KEYS };
     const uint64_t ad = fa_i_wgmma_desc(ds, BN * 128, 1024);
     const uint64_t bd = fa_i_wgmma_desc(kc, BN * 128, 1024);
     int k;
 #pragma unroll
-    for (k = 0; k < BN / 16; ++k) /* 16 keys of 128 bytes per k16 step */
+    for (k = 0; k < keys / 16; ++k) /* 16 keys of 128 bytes per k16 step */
         FA_I_WGMMA_DQ(acc, fa_i_desc_add(ad, k * 2048), fa_i_desc_add(bd, k * 2048), k > 0);
 }
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
@@ -2660,7 +2665,9 @@ static __global__ void __launch_bounds__(256, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
         D = FA_I_D, BN = FA_I_SM90_BWD_KEYS, BM = 64, CHUNKS = D / 64,
-        KV_BYTES = BN * D * 2, ROWS_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2
+        KV_BYTES = BN * D * 2, ROWS_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2,
+        DQ_BY_KEYS = D == 64, /* see above */
+        DQ_BYTES = BM * 64 * 4 /* one warpgroup's dQ part */
     };
     /* kv_full, then rows_full per buffer (Q and dO of one block). Only this
        sm_90a body has static shared memory (see fa_i_sm90_ready). */
@@ -2670,9 +2677,9 @@ static __global__ void __launch_bounds__(256, 1)
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sk = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u, sv = sk + KV_BYTES;
     const uint32_t sq = sv + KV_BYTES, sdo = sq + 2 * ROWS_BYTES, sds = sdo + 2 * ROWS_BYTES;
-    const uint32_t sdq = sds + 2 * DS_BYTES; /* BM x d floats */
     const uint32_t kv_full = fa_i_smem_addr(bars), rows_full = kv_full + 8;
     const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
+    const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_BYTES; /* this warpgroup's dQ part */
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.heads_q / p.heads_kv, q_blocks = (p.seqlen_q + BM - 1) / BM;
     const int key0 = 64 * w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
@@ -2703,9 +2710,11 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_sm90_bwd_load_rows(&args, sq, sdo, rows_full, CHUNKS, FA_I_STEP_ROW(0),
                                 FA_I_STEP_HEAD(0), b);
     }
-    if (steps > 0)
-        FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(0), FA_I_STEP_ROW(0),
-                                          slse[0], sdsum[0], slo[0], shi[0], BM, tid, 256);
+    /* Row facts of step n go to buffer n % 2 after the barrier of step n - 2
+       (whose readers are done with it) and are read after that of n - 1. */
+    for (i = 0; i < 2 && i < steps; ++i)
+        FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(i), FA_I_STEP_ROW(i),
+                                          slse[i], sdsum[i], slo[i], shi[i], BM, tid, 256);
 #pragma unroll
     for (i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
     __syncthreads();
@@ -2768,24 +2777,23 @@ static __global__ void __launch_bounds__(256, 1)
                          : "memory");
         }
         fa_i_fence_proxy_async();
-        if (tid == 0) fa_i_tma_store_wait_read(); /* the last block's dQ has left sdq */
+        if (t == 0) fa_i_tma_store_wait_read(); /* the last block's dQ has left sdq */
         /* Everyone's dS^T is in; every wgmma of the last step is done, so its
            Q/dO buffer (the next step's) and row facts may be overwritten. */
         __syncthreads();
-        if (step + 1 < steps) {
-            if (tid == 0)
-                fa_i_sm90_bwd_load_rows(&args, sq + (buf ^ 1) * ROWS_BYTES,
-                                        sdo + (buf ^ 1) * ROWS_BYTES, rows_full + 8 * (buf ^ 1),
-                                        CHUNKS, FA_I_STEP_ROW(step + 1), FA_I_STEP_HEAD(step + 1),
-                                        b);
-            if (w == 1)
-                FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 1),
-                                                  FA_I_STEP_ROW(step + 1), slse[buf ^ 1],
-                                                  sdsum[buf ^ 1], slo[buf ^ 1], shi[buf ^ 1], BM,
-                                                  t, 128);
-        }
+        if (tid == 0 && step + 1 < steps)
+            fa_i_sm90_bwd_load_rows(&args, sq + (buf ^ 1) * ROWS_BYTES, sdo + (buf ^ 1) * ROWS_BYTES,
+                                    rows_full + 8 * (buf ^ 1), CHUNKS, FA_I_STEP_ROW(step + 1),
+                                    FA_I_STEP_HEAD(step + 1), b);
+        if (w == 1 && step + 2 < steps)
+            FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 2),
+                                              FA_I_STEP_ROW(step + 2), slse[buf], sdsum[buf],
+                                              slo[buf], shi[buf], BM, t, 128);
         fa_i_wgmma_fence();
-        FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst, sk + w * BN * 128);
+        if (DQ_BY_KEYS)
+            FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst + w * 64 * 128, sk + w * 64 * 128, 64);
+        else
+            FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst, sk + w * BN * 128, BN);
         fa_i_wgmma_commit();
         FA_I_WGMMA_WAIT(0);
         fa_i_fence_f32(dq, 32);
@@ -2795,22 +2803,22 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_u32(dsr, 16);
 #pragma unroll
         for (i = 0; i < 8; ++i)
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                             sdq + ((w * 8 + i) * 128 + t) * 16),
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (i * 128 + t) * 16),
                          "f"(dq[4 * i]), "f"(dq[4 * i + 1]), "f"(dq[4 * i + 2]), "f"(dq[4 * i + 3])
                          : "memory");
         fa_i_fence_proxy_async();
-        __syncthreads();
-        if (tid == 0) {
+        fa_i_named_sync(1 + w, 128);
+        if (t == 0) { /* d = 128: this warpgroup's 64 columns; d = 64: its keys' share */
             fa_i_bulk_add_f32(args.a.dq_acc +
-                                  (((int64_t)b * p.heads_q + h) * q_blocks + r0 / BM) * BM * D,
-                              sdq, BM * D * 4);
+                                  (((int64_t)b * p.heads_q + h) * q_blocks + r0 / BM) * BM * D +
+                                  (DQ_BY_KEYS ? 0 : w * BM * 64),
+                              sdq, DQ_BYTES);
             fa_i_tma_store_commit();
         }
     }
 #undef FA_I_STEP_HEAD
 #undef FA_I_STEP_ROW
-    if (tid == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */
+    if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */
     {
         uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
         uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);

@@ -32,7 +32,7 @@ def gpu_forward(**cfg):
 
 
 def gpu_backward(**cfg):
-    """The default build's atomic (FA3 on Hopper at d = 128) and deterministic
+    """The default build's atomic (FA3 on Hopper at d = 64, 128) and deterministic
     modes and, where built, the FA2 atomic kernel on its own."""
     need_gpu()
     return backward_case(backends=("gpu", "gpu_det") + (("gpu_fa2",) if fa.GPU_FA2 else ()),
@@ -71,11 +71,13 @@ for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
         case(f"gpu_fwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_forward, seqlen_q=nq,
              seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal)
 
-# The FA3 backward's tiles (d 128): 128 keys per CTA, 64-row query blocks.
-for nq, nk in ((1, 1), (63, 64), (65, 257), (257, 7), (1000, 129), (129, 1000), (700, 2100)):
+# The FA3 backward's tiles (d 64, 128): 128 keys per CTA, 64-row query blocks.
+for d, nq, nk in ((128, 1, 1), (128, 63, 64), (128, 65, 257), (128, 257, 7), (128, 1000, 129),
+                  (128, 129, 1000), (128, 700, 2100), (64, 1, 1), (64, 65, 257), (64, 1000, 129),
+                  (64, 700, 2100)):
     for causal in (False, True):
-        case(f"gpu_bwd_tiles_d128_{nq}x{nk}_causal{int(causal)}", gpu_backward, seqlen_q=nq,
-             seqlen_k=nk, head_dim=128, dtype="bf16", causal=causal, heads_q=4, heads_kv=2)
+        case(f"gpu_bwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_backward, seqlen_q=nq,
+             seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal, heads_q=4, heads_kv=2)
 
 for window in ((0, 0), (16, 0), (-1, 5), (7, -1), (40, 3)):
     case(f"gpu_fwd_window_{window[0]}_{window[1]}", gpu_forward, seqlen_q=300, seqlen_k=350,
@@ -155,8 +157,8 @@ def gpu_forward_algorithm_dispatch():
 
 @test
 def gpu_backward_algorithm_dispatch():
-    """The FA3 backward runs exactly where it should: d 128, atomic mode, on
-    compute capability 9.0 in the default build; FA2 everywhere else."""
+    """The FA3 backward runs exactly where it should: d 64 and 128, atomic
+    mode, on compute capability 9.0 in the default build; FA2 everywhere else."""
     lib = need_gpu()
     cc = lib.fa_test_gpu_cc()
     prob = fa.Problem(rng_for("bwd_dispatch"), seqlen_q=100, seqlen_k=100, dtype="bf16")
@@ -168,7 +170,7 @@ def gpu_backward_algorithm_dispatch():
         t["lse"] = np.zeros((1, prob.hq, prob.nq), np.float32)
         p = prob.params(t)
         for det in (0, 1):
-            expected = 3 if cc == 90 and d == 128 and not det else 2
+            expected = 3 if cc == 90 and d in (64, 128) and not det else 2
             got = lib.fa_cuda_backward_algorithm(ctypes.byref(p), det)
             assert got == expected, f"d={d} det={det} cc={cc}: {got}, expected {expected}"
             if fa.GPU_FA2:

@@ -2596,7 +2596,9 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
    One CTA of two warpgroups per (FA_I_SM90_BWD_KEYS = 128 keys, kv head,
    batch): warpgroup w owns keys 64 w ... 64 w + 63, their dK and dV in
    registers, and walks the 64-row query blocks that see them (of each query
-   head of the group), Q and dO double-buffered by TMA. Per block:
+   head of the group), Q and dO double-buffered by TMA (a block's load is
+   issued as the one before it starts, once both warpgroups have released
+   its buffer on rows_empty). Per block:
      S^T = K Q^T, dP^T = V dO^T              SS wgmma, 64 keys x 64 rows
      P^T = 2^(S^T - LSE), dS^T = P^T (dP^T - D)
      dV += P^T dO, dK += dS^T Q              RS wgmma, P^T and dS^T from registers
@@ -2669,15 +2671,17 @@ static __global__ void __launch_bounds__(256, 1)
         DQ_BY_KEYS = D == 64, /* see above */
         DQ_BYTES = BM * 64 * 4 /* one warpgroup's dQ part */
     };
-    /* kv_full, then rows_full per buffer (Q and dO of one block). Only this
-       sm_90a body has static shared memory (see fa_i_sm90_ready). */
-    __shared__ __align__(8) uint64_t bars[3];
+    /* kv_full, then rows_full and rows_empty per buffer (Q and dO of one
+       block). Only this sm_90a body has static shared memory (see
+       fa_i_sm90_ready). */
+    __shared__ __align__(8) uint64_t bars[5];
     __shared__ float slse[2][BM], sdsum[2][BM];
     __shared__ int slo[2][BM], shi[2][BM];
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sk = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u, sv = sk + KV_BYTES;
     const uint32_t sq = sv + KV_BYTES, sdo = sq + 2 * ROWS_BYTES, sds = sdo + 2 * ROWS_BYTES;
     const uint32_t kv_full = fa_i_smem_addr(bars), rows_full = kv_full + 8;
+    const uint32_t rows_empty = rows_full + 16;
     const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
     const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_BYTES; /* this warpgroup's dQ part */
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
@@ -2695,8 +2699,10 @@ static __global__ void __launch_bounds__(256, 1)
 #define FA_I_SM90_COL(i) (8 * ((i) >> 2) + 2 * (lane & 3) + ((i) & 1))
     if (tid == 0) {
         fa_i_mbar_init(kv_full, 1);
-        fa_i_mbar_init(rows_full, 1);
-        fa_i_mbar_init(rows_full + 8, 1);
+        for (i = 0; i < 2; ++i) {
+            fa_i_mbar_init(rows_full + 8 * i, 1);
+            fa_i_mbar_init(rows_empty + 8 * i, 2); /* each warpgroup, done with its wgmmas */
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -2726,6 +2732,12 @@ static __global__ void __launch_bounds__(256, 1)
         const float *lse2 = slse[buf], *dsum = sdsum[buf];
         float s[32], dp[32], dq[32];
         uint32_t pr[16], dsr[16];
+        if (tid == 0 && step + 1 < steps) { /* the next block, once its buffer is free */
+            if (step >= 1) fa_i_mbar_wait(rows_empty + 8 * (buf ^ 1), (uint32_t)(((step - 1) >> 1) & 1));
+            fa_i_sm90_bwd_load_rows(&args, sq + (buf ^ 1) * ROWS_BYTES, sdo + (buf ^ 1) * ROWS_BYTES,
+                                    rows_full + 8 * (buf ^ 1), CHUNKS, FA_I_STEP_ROW(step + 1),
+                                    FA_I_STEP_HEAD(step + 1), b);
+        }
         fa_i_mbar_wait(rows_full + 8 * buf, (uint32_t)((step >> 1) & 1));
         fa_i_wgmma_fence();
         FA_I_NAME(sm90_bwd_nt, FA_I_DT)(s, sk + w * 64 * 128, BN, sqt);
@@ -2778,13 +2790,9 @@ static __global__ void __launch_bounds__(256, 1)
         }
         fa_i_fence_proxy_async();
         if (t == 0) fa_i_tma_store_wait_read(); /* the last block's dQ has left sdq */
-        /* Everyone's dS^T is in; every wgmma of the last step is done, so its
-           Q/dO buffer (the next step's) and row facts may be overwritten. */
+        /* Everyone's dS^T is in, and everyone is past this step's softmax,
+           so its row facts may be overwritten. */
         __syncthreads();
-        if (tid == 0 && step + 1 < steps)
-            fa_i_sm90_bwd_load_rows(&args, sq + (buf ^ 1) * ROWS_BYTES, sdo + (buf ^ 1) * ROWS_BYTES,
-                                    rows_full + 8 * (buf ^ 1), CHUNKS, FA_I_STEP_ROW(step + 1),
-                                    FA_I_STEP_HEAD(step + 1), b);
         if (w == 1 && step + 2 < steps)
             FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 2),
                                               FA_I_STEP_ROW(step + 2), slse[buf], sdsum[buf],
@@ -2801,6 +2809,7 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_f32(dv, D / 2);
         fa_i_fence_u32(pr, 16);
         fa_i_fence_u32(dsr, 16);
+        if (t == 0) fa_i_mbar_arrive(rows_empty + 8 * buf); /* Q, dO read */
 #pragma unroll
         for (i = 0; i < 8; ++i)
             asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (i * 128 + t) * 16),

@@ -337,7 +337,7 @@ typedef struct fa_i_tma_maps {
 typedef struct fa_i_bwd_args {
     float *dsum;   /* [B, Hq, Nq] D = rowsum(dO * O) */
     float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, Nq, d], or tiled */
-    int dq_tiled;  /* FA3 backward: [B, Hq, Nq / 64 blocks][64 d], see fa_i_dq_tiled_index */
+    int dq_tiled;  /* FA3 backward: [B, Hq, 64-row blocks][64 d], see fa_i_bwd_postprocess */
 } fa_i_bwd_args;
 
 #if FA_I_SM90
@@ -521,57 +521,122 @@ static __device__ __forceinline__ float fa_i_capped_tanh(const fa_params *p, flo
 
 /* ---- kernels independent of head dim ---------------------------------------- */
 
-/* D = rowsum(dO * O) per query row; zeroes the fp32 dQ accumulator rows. One
-   warp per row. */
+/* The 16-bit pair in bits 16 k ... 16 k + 31 of a (k = 0, 16) as floats. */
+static __device__ __forceinline__ float2 fa_i_unpack2(uint32_t a, int bf16)
+{
+    float2 f;
+    if (bf16) return make_float2(__uint_as_float(a << 16), __uint_as_float(a & 0xffff0000u));
+    asm("{\n.reg .f16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n"
+        : "=f"(f.x), "=f"(f.y)
+        : "r"(a));
+    return f;
+}
+
+/* Sum of the products of two rows of 8 16-bit elements. */
+static __device__ __forceinline__ float fa_i_dot8(uint4 x, uint4 y, int bf16)
+{
+    const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+    float sum = 0.0f;
+    int i;
+#pragma unroll
+    for (i = 0; i < 4; ++i) {
+        const float2 a = fa_i_unpack2(xs[i], bf16), b = fa_i_unpack2(ys[i], bf16);
+        sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+    }
+    return sum;
+}
+
+/* Stores scale * f[0..7] as 8 16-bit elements (16 bytes) at dst. */
+static __device__ __forceinline__ void fa_i_store8(void *dst, const float *f, float scale, int bf16)
+{
+    uint32_t r[4];
+    int i;
+#pragma unroll
+    for (i = 0; i < 4; ++i)
+        r[i] = bf16 ? fa_i_pack_bf16(f[2 * i] * scale, f[2 * i + 1] * scale)
+                    : fa_i_pack_f16(f[2 * i] * scale, f[2 * i + 1] * scale);
+    *(uint4 *)dst = make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+/* Query rows per head in the dQ accumulator: whole 64-row blocks when tiled. */
+static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const fa_i_bwd_args *a)
+{
+    return a->dq_tiled ? (p->seqlen_q + 63) / 64 * 64 : p->seqlen_q;
+}
+
+/* D = rowsum(dO * O) per query row, and the fp32 dQ accumulator's rows
+   zeroed (padding rows too). One warp per row, 16 bytes per lane. */
 static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 {
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, d = p.head_dim, per_head = fa_i_dq_acc_rows(&p, &a);
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int bf16 = p.dtype == FA_DTYPE_BF16;
-    if (row >= (int64_t)p.batch * p.heads_q * p.seqlen_q) return;
+    int i;
+    if (row >= (int64_t)p.batch * p.heads_q * per_head) return;
+    if (a.dq_acc)
+        for (i = 4 * lane; i < d; i += 128)
+            *(float4 *)(a.dq_acc + row * d + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     {
-        const int s = (int)(row % p.seqlen_q), h = (int)(row / p.seqlen_q % p.heads_q);
-        const int b = (int)(row / p.seqlen_q / p.heads_q);
-        const int64_t oo = fa_i_dev_offset(&p.o_layout, b, h, s);
-        const int64_t go = fa_i_dev_offset(&p.dout_layout, b, h, s);
+        const int s = (int)(row % per_head);
+        const int64_t bh = row / per_head;
+        const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
+        const uint16_t *o = (const uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, s);
+        const uint16_t *g = (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, s);
         float sum = 0.0f;
-        int i;
-        for (i = lane; i < p.head_dim; i += 32) {
-            sum += fa_i_load16(p.o, oo + i, bf16) * fa_i_load16(p.dout, go + i, bf16);
-            if (a.dq_acc) a.dq_acc[row * p.head_dim + i] = 0.0f;
-        }
+        if (s >= p.seqlen_q) return;
+        for (i = 8 * lane; i < d; i += 256)
+            sum += fa_i_dot8(*(const uint4 *)(o + i), *(const uint4 *)(g + i),
+                             p.dtype == FA_DTYPE_BF16);
         for (i = 16; i > 0; i >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, i);
-        if (lane == 0) a.dsum[row] = sum;
+        if (lane == 0) a.dsum[bh * p.seqlen_q + s] = sum;
     }
 }
 
-/* Where the FA3 backward keeps dQ element (r, c) of a 64-row query block:
-   the dQ part of columns 64 (c / 64) ... holds it as accumulator element
-   i = 4 j + 2 g + e (j = (c % 64) / 8, g = (r % 16) / 8, e = c % 2) of
-   thread 32 (r / 16) + 4 (r % 8) + (c % 8) / 2, and a thread's elements
-   4 j ... 4 j + 3 lie together as one float4, threads side by side: its
-   shared-memory writes are conflict-free and a part leaves in one bulk copy. */
-static __device__ __forceinline__ int fa_i_dq_tiled_index(int r, int c)
-{
-    const int cl = c & 63, thread = 32 * (r >> 4) + 4 * (r & 7) + ((cl & 7) >> 1);
-    return ((((c >> 6) * 8 + (cl >> 3)) * 128 + thread) << 2) + 2 * ((r >> 3) & 1) + (c & 1);
-}
-
-/* dQ = scale * accumulator, stored in the params' dtype and layout. */
+/* dQ = scale * accumulator in the params' dtype and layout, 8 elements (one
+   16-byte store) per thread. The FA3 backward's tiled accumulator: each
+   64-row block is 64 d floats in the order of its warpgroups' dQ registers
+   (accumulator element i of thread t of the part of columns 64 c ... at
+   float (8 c + i / 4) 512 + 4 t + i % 4), so that its shared-memory writes
+   are conflict-free and a part leaves in one bulk copy. Thread x of a block
+   reads floats 16 x ... 16 x + 15, which are columns 8 (x / 32) ... + 7 of
+   rows r and r + 8, r = 16 (x % 32 / 8) + x % 8: pairs of (r, r + 8) from
+   each of four neighbouring threads. */
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t total = (int64_t)p.batch * p.heads_q * p.seqlen_q * p.head_dim;
-    if (i < total) {
-        const int64_t row = i / p.head_dim;
-        const int e = (int)(i % p.head_dim), s = (int)(row % p.seqlen_q);
-        const int h = (int)(row / p.seqlen_q % p.heads_q), b = (int)(row / p.seqlen_q / p.heads_q);
-        const int64_t block = ((int64_t)b * p.heads_q + h) * ((p.seqlen_q + 63) / 64) + s / 64;
-        const int64_t from =
-            a.dq_tiled ? block * 64 * p.head_dim + fa_i_dq_tiled_index(s % 64, e) : i;
-        fa_i_store16(p.dq, fa_i_dev_offset(&p.dq_layout, b, h, s) + e, a.dq_acc[from] * p.scale,
-                     p.dtype == FA_DTYPE_BF16);
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int d = p.head_dim, bf16 = p.dtype == FA_DTYPE_BF16;
+    float f[16];
+    int64_t bh;
+    int r, c, n, i;
+    if (a.dq_tiled) {
+        const int blocks = (p.seqlen_q + 63) / 64, x = (int)(t % (4 * d));
+        const int64_t block = t / (4 * d);
+        if (block >= (int64_t)p.batch * p.heads_q * blocks) return;
+        for (i = 0; i < 4; ++i) {
+            const float4 v = ((const float4 *)(a.dq_acc + block * 64 * d))[4 * x + i];
+            f[2 * i] = v.x, f[2 * i + 1] = v.y, f[8 + 2 * i] = v.z, f[8 + 2 * i + 1] = v.w;
+        }
+        bh = block / blocks;
+        r = (int)(block % blocks) * 64 + 16 * ((x & 31) >> 3) + (x & 7);
+        c = 8 * (x >> 5);
+        n = 2;
+    } else {
+        const int64_t row = t / (d / 8);
+        if (row >= (int64_t)p.batch * p.heads_q * p.seqlen_q) return;
+        c = 8 * (int)(t % (d / 8));
+        for (i = 0; i < 2; ++i) {
+            const float4 v = ((const float4 *)(a.dq_acc + row * d + c))[i];
+            f[4 * i] = v.x, f[4 * i + 1] = v.y, f[4 * i + 2] = v.z, f[4 * i + 3] = v.w;
+        }
+        bh = row / p.seqlen_q;
+        r = (int)(row % p.seqlen_q);
+        n = 1;
     }
+    for (i = 0; i < n && r + 8 * i < p.seqlen_q; ++i)
+        fa_i_store8((uint16_t *)p.dq +
+                        fa_i_dev_offset(&p.dq_layout, (int)(bh / p.heads_q), (int)(bh % p.heads_q),
+                                        r + 8 * i) +
+                        c,
+                    f + 8 * i, p.scale, bf16);
 }
 
 #if FA_VARIANT == 1
@@ -1300,26 +1365,24 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     a.dq_tiled = plan.algorithm == 3;
+    /* one warp per (padded) dQ accumulator row */
+    s = fa_i_launch((const void *)fa_i_bwd_preprocess,
+                    dim3(fa_i_blocks(fa_i_dq_acc_floats(p) / p->head_dim, 8)), 256, 0, stream, p,
+                    &a);
 #if FA_I_SM90
     if (plan.algorithm == 3) {
-        const fa_i_bwd_args pre = {a.dsum, NULL, 0}; /* the tiled accumulator is zeroed whole */
-        cudaError_t e = cudaMemsetAsync(a.dq_acc, 0, sizeof(float) * fa_i_dq_acc_floats(p), stream);
-        if (e != cudaSuccess) return fa_i_cuda_error(e, "cudaMemsetAsync");
         plan.fa3.a = a;
-        s = fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(rows, 8)), 256, 0,
-                        stream, p, (void *)&pre);
         if (s == FA_OK)
             s = fa_i_launch(k->sm90_bwd.fn,
                             dim3(fa_i_blocks(p->seqlen_k, k->sm90_bwd.keys), p->heads_kv, p->batch),
                             k->sm90_bwd.threads, k->sm90_bwd.smem, stream, p, &plan.fa3);
-        if (s == FA_OK)
+        if (s == FA_OK) /* 64 rows x d / 16 threads per block */
             s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                            dim3(fa_i_blocks(rows * p->head_dim, 256)), 256, 0, stream, p, &a);
+                            dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p) / 16, 256)), 256, 0,
+                            stream, p, &a);
         return s;
     }
 #endif
-    s = fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(rows, 8)), 256, 0, stream,
-                    p, &a);
     if (s == FA_OK) {
         const fa_i_bwd_kernel *kv = &k->bwd_kv[deterministic ? 1 : 0];
         s = fa_i_launch(kv->fn, dim3(fa_i_blocks(p->seqlen_k, kv->keys), p->heads_kv, p->batch),
@@ -1328,9 +1391,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     if (s == FA_OK && deterministic)
         s = fa_i_launch(k->bwd_q, dim3(fa_i_blocks(p->seqlen_q, k->bwd_q_rows), p->heads_q, p->batch),
                         k->bwd_q_threads, k->bwd_q_smem, stream, p, &a);
-    if (s == FA_OK && !deterministic)
+    if (s == FA_OK && !deterministic) /* 8 elements per thread */
         s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                        dim3(fa_i_blocks(rows * p->head_dim, 256)), 256, 0, stream, p, &a);
+                        dim3(fa_i_blocks(rows * p->head_dim / 8, 256)), 256, 0, stream, p, &a);
     return s;
 }
 
@@ -2609,7 +2672,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
    (a 64 x 128 dQ block per warpgroup would not fit in its registers at d =
    128, and 32-column halves do not fit the swizzle at d = 64). Each
    warpgroup's dQ part leaves through its own 16 KB of shared memory in
-   fa_i_dq_tiled_index's order: its thread 0 adds it into the fp32
+   the tiled order (fa_i_bwd_postprocess): its thread 0 adds it into the fp32
    accumulator with one bulk reduce-add that runs while the next block
    computes. A thread holds accumulator rows
    (keys) r and r + 8, r = 16 * warp + lane / 4, columns 8 (i / 4) +
@@ -2708,6 +2771,8 @@ static __global__ void __launch_bounds__(256, 1)
     __syncthreads();
     if (tid == 0 && steps > 0) {
         int c;
+        fa_i_tma_prefetch(&args.q);
+        fa_i_tma_prefetch(&args.dout);
         fa_i_mbar_expect_tx(kv_full, 2 * KV_BYTES);
         for (c = 0; c < CHUNKS; ++c) {
             fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full);
@@ -2793,16 +2858,16 @@ static __global__ void __launch_bounds__(256, 1)
         /* Everyone's dS^T is in, and everyone is past this step's softmax,
            so its row facts may be overwritten. */
         __syncthreads();
-        if (w == 1 && step + 2 < steps)
-            FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 2),
-                                              FA_I_STEP_ROW(step + 2), slse[buf], sdsum[buf],
-                                              slo[buf], shi[buf], BM, t, 128);
         fa_i_wgmma_fence();
         if (DQ_BY_KEYS)
             FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst + w * 64 * 128, sk + w * 64 * 128, 64);
         else
             FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst, sk + w * BN * 128, BN);
         fa_i_wgmma_commit();
+        if (w == 1 && step + 2 < steps) /* global loads, while the tensor cores run dQ */
+            FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 2),
+                                              FA_I_STEP_ROW(step + 2), slse[buf], sdsum[buf],
+                                              slo[buf], shi[buf], BM, t, 128);
         FA_I_WGMMA_WAIT(0);
         fa_i_fence_f32(dq, 32);
         fa_i_fence_f32(dk, D / 2);

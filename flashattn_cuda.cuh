@@ -39,6 +39,15 @@
                registers), the QK^T of the next tile overlapping the softmax
                of this one, and take turns on the tensor cores (ping-pong on
                named barriers). O leaves through shared memory by TMA store.
+     backward  FA3 (Hopper, sm_90a, head dims 64 128, atomic mode): one CTA
+               of two warpgroups per 128 keys; each warpgroup keeps dK, dV
+               of its 64 keys in registers and walks the query blocks (64
+               rows, Q and dO double-buffered by TMA): S^T, dP^T by SS
+               wgmma, dV and dK by RS wgmma (P^T, dS^T from registers), dQ
+               by SS wgmma from dS^T in shared memory, added into the fp32
+               accumulator by one bulk reduce-add per warpgroup and block
+               (cp.reduce.async.bulk, which runs on while the next block
+               computes).
 
    COMPILE-TIME OPTIONS
      FA_VARIANT      2 (default) or 1: forward algorithm
@@ -48,8 +57,9 @@
                      (default: the table below); FA_BLOCK_M = 16 or 32 * FA_NUM_WARPS
      FA_KV_STAGES    FA2 forward K/V buffers for every head dim: 2 (double
                      buffering) or 1 (the FA2 paper's order); default: the table
-     FA_SM90         1 (default) builds the Hopper forward (needs CUDA >= 12.5
-                     and -gencode=arch=compute_90a,code=sm_90a to run), 0 not
+     FA_SM90         1 (default) builds the Hopper forward and backward (needs
+                     CUDA >= 12.5 and -gencode=arch=compute_90a,code=sm_90a to
+                     run), 0 not
      FA_SM90_OVERLAP  1 (default): QK^T of tile j+1 overlaps the softmax of j
      FA_SM90_PINGPONG 1 (default): consumer warpgroups alternate their GEMMs
                      (the last two are ablation switches, as in the FA3 paper)

@@ -132,36 +132,13 @@ def gpu_fully_masked_rows():
                         dtype="bf16")
 
 
-@test
-def gpu_forward_algorithm_dispatch():
-    """FA3 runs exactly where it should: d 64/128/256 on compute capability
-    9.0 in the default build; FA2 everywhere else and in the FA_SM90=0 build."""
+def _algorithm_dispatch(seed, algorithm, fa3_dims):
+    """algorithm(lib, p) is 3 (FA3) exactly for the head dims fa3_dims on
+    compute capability 9.0 in the default build, 2 (FA2) everywhere else and
+    in the FA_SM90=0 build, 0 for an unsupported head dim."""
     lib = need_gpu()
     cc = lib.fa_test_gpu_cc()
-    prob = fa.Problem(rng_for("dispatch"), seqlen_q=100, seqlen_k=100, dtype="bf16")
-    seen = []
-    for d in HEAD_DIMS:
-        prob.d = d
-        t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in ("q", "k", "v", "o")}
-        p = prob.params(t)
-        expected = 3 if cc == 90 and d in (64, 128, 256) else 2
-        got = lib.fa_cuda_forward_algorithm(ctypes.byref(p))
-        assert got == expected, f"d={d} cc={cc}: algorithm {got}, expected {expected}"
-        if fa.GPU_FA2:
-            assert fa.GPU_FA2.fa_cuda_forward_algorithm(ctypes.byref(p)) == 2
-        seen.append(f"d{d}:FA{got}")
-    p.head_dim = 48
-    assert lib.fa_cuda_forward_algorithm(ctypes.byref(p)) == 0
-    return f"cc {cc}: " + " ".join(seen)
-
-
-@test
-def gpu_backward_algorithm_dispatch():
-    """The FA3 backward runs exactly where it should: d 64 and 128, atomic
-    mode, on compute capability 9.0 in the default build; FA2 everywhere else."""
-    lib = need_gpu()
-    cc = lib.fa_test_gpu_cc()
-    prob = fa.Problem(rng_for("bwd_dispatch"), seqlen_q=100, seqlen_k=100, dtype="bf16")
+    prob = fa.Problem(rng_for(seed), seqlen_q=100, seqlen_k=100, dtype="bf16")
     seen = []
     for d in HEAD_DIMS:
         prob.d = d
@@ -169,16 +146,23 @@ def gpu_backward_algorithm_dispatch():
         t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in names}
         t["lse"] = np.zeros((1, prob.hq, prob.nq), np.float32)
         p = prob.params(t)
-        for det in (0, 1):
-            expected = 3 if cc == 90 and d in (64, 128) and not det else 2
-            got = lib.fa_cuda_backward_algorithm(ctypes.byref(p), det)
-            assert got == expected, f"d={d} det={det} cc={cc}: {got}, expected {expected}"
-            if fa.GPU_FA2:
-                assert fa.GPU_FA2.fa_cuda_backward_algorithm(ctypes.byref(p), det) == 2
-        seen.append(f"d{d}:FA{lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0)}")
+        expected = 3 if cc == 90 and d in fa3_dims else 2
+        got = algorithm(lib, p)
+        assert got == expected, f"d={d} cc={cc}: algorithm {got}, expected {expected}"
+        if fa.GPU_FA2:
+            assert algorithm(fa.GPU_FA2, p) == 2
+        seen.append(f"d{d}:FA{got}")
     p.head_dim = 48
-    assert lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0) == 0
+    assert algorithm(lib, p) == 0
     return f"cc {cc}: " + " ".join(seen)
+
+
+case("gpu_forward_algorithm_dispatch", _algorithm_dispatch, "dispatch",
+     lambda lib, p: lib.fa_cuda_forward_algorithm(ctypes.byref(p)), (64, 128, 256))
+case("gpu_backward_algorithm_dispatch", _algorithm_dispatch, "bwd_dispatch",
+     lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0), (64, 128))
+case("gpu_deterministic_backward_algorithm_dispatch", _algorithm_dispatch, "det_dispatch",
+     lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 1), ())
 
 
 @test

@@ -574,31 +574,38 @@ static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const
     return a->dq_tiled ? (p->seqlen_q + 63) / 64 * 64 : p->seqlen_q;
 }
 
+/* Lanes per query row in the preprocess: the power of two that covers d with
+   16 bytes each (several rows per warp below d = 160). */
+static __host__ __device__ __forceinline__ int fa_i_pre_lanes(int d)
+{
+    return d <= 32 ? 4 : d <= 64 ? 8 : d <= 128 ? 16 : 32;
+}
+
 /* D = rowsum(dO * O) per query row, and the fp32 dQ accumulator's rows
-   zeroed (padding rows too). One warp per row, 16 bytes per lane. */
+   zeroed (padding rows too), fa_i_pre_lanes(d) lanes per row. */
 static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 {
-    const int lane = threadIdx.x & 31, d = p.head_dim, per_head = fa_i_dq_acc_rows(&p, &a);
-    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int d = p.head_dim, lanes = fa_i_pre_lanes(d), per_head = fa_i_dq_acc_rows(&p, &a);
+    const int lane = threadIdx.x & (lanes - 1);
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
+    const int64_t bh = row / per_head;
+    const int s = (int)(row % per_head), in_acc = bh < (int64_t)p.batch * p.heads_q;
+    const int has_d = in_acc && s < p.seqlen_q;
+    float sum = 0.0f;
     int i;
-    if (row >= (int64_t)p.batch * p.heads_q * per_head) return;
-    if (a.dq_acc)
-        for (i = 4 * lane; i < d; i += 128)
+    if (a.dq_acc && in_acc)
+        for (i = 4 * lane; i < d; i += 4 * lanes)
             *(float4 *)(a.dq_acc + row * d + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    {
-        const int s = (int)(row % per_head);
-        const int64_t bh = row / per_head;
+    if (has_d) {
         const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
         const uint16_t *o = (const uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, s);
         const uint16_t *g = (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, s);
-        float sum = 0.0f;
-        if (s >= p.seqlen_q) return;
-        for (i = 8 * lane; i < d; i += 256)
+        for (i = 8 * lane; i < d; i += 8 * lanes)
             sum += fa_i_dot8(*(const uint4 *)(o + i), *(const uint4 *)(g + i),
                              p.dtype == FA_DTYPE_BF16);
-        for (i = 16; i > 0; i >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, i);
-        if (lane == 0) a.dsum[bh * p.seqlen_q + s] = sum;
     }
+    for (i = lanes / 2; i > 0; i >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, i);
+    if (lane == 0 && has_d) a.dsum[bh * p.seqlen_q + s] = sum;
 }
 
 /* dQ = scale * accumulator in the params' dtype and layout, 8 elements (one
@@ -1375,10 +1382,12 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     a.dq_tiled = plan.algorithm == 3;
-    /* one warp per (padded) dQ accumulator row */
+    /* fa_i_pre_lanes(d) threads per (padded) dQ accumulator row */
     s = fa_i_launch((const void *)fa_i_bwd_preprocess,
-                    dim3(fa_i_blocks(fa_i_dq_acc_floats(p) / p->head_dim, 8)), 256, 0, stream, p,
-                    &a);
+                    dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(p) / p->head_dim) *
+                                         fa_i_pre_lanes(p->head_dim),
+                                     256)),
+                    256, 0, stream, p, &a);
 #if FA_I_SM90
     if (plan.algorithm == 3) {
         plan.fa3.a = a;
@@ -2669,9 +2678,9 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
    One CTA of two warpgroups per (FA_I_SM90_BWD_KEYS = 128 keys, kv head,
    batch): warpgroup w owns keys 64 w ... 64 w + 63, their dK and dV in
    registers, and walks the 64-row query blocks that see them (of each query
-   head of the group), Q and dO double-buffered by TMA (a block's load is
-   issued as the one before it starts, once both warpgroups have released
-   its buffer on rows_empty). Per block:
+   head of the group), Q and dO double-buffered by TMA (block n + 2's load
+   is issued into block n's buffer by whichever warpgroup is done with it
+   last, counted in `released`). Per block:
      S^T = K Q^T, dP^T = V dO^T              SS wgmma, 64 keys x 64 rows
      P^T = 2^(S^T - LSE), dS^T = P^T (dP^T - D)
      dV += P^T dO, dK += dS^T Q              RS wgmma, P^T and dS^T from registers
@@ -2744,17 +2753,16 @@ static __global__ void __launch_bounds__(256, 1)
         DQ_BY_KEYS = D == 64, /* see above */
         DQ_BYTES = BM * 64 * 4 /* one warpgroup's dQ part */
     };
-    /* kv_full, then rows_full and rows_empty per buffer (Q and dO of one
-       block). Only this sm_90a body has static shared memory (see
-       fa_i_sm90_ready). */
-    __shared__ __align__(8) uint64_t bars[5];
+    /* kv_full, then rows_full per buffer (Q and dO of one block). Only this
+       sm_90a body has static shared memory (see fa_i_sm90_ready). */
+    __shared__ __align__(8) uint64_t bars[3];
+    __shared__ int released[2]; /* warpgroups done with a buffer's block */
     __shared__ float slse[2][BM], sdsum[2][BM];
     __shared__ int slo[2][BM], shi[2][BM];
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sk = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u, sv = sk + KV_BYTES;
     const uint32_t sq = sv + KV_BYTES, sdo = sq + 2 * ROWS_BYTES, sds = sdo + 2 * ROWS_BYTES;
     const uint32_t kv_full = fa_i_smem_addr(bars), rows_full = kv_full + 8;
-    const uint32_t rows_empty = rows_full + 16;
     const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
     const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_BYTES; /* this warpgroup's dQ part */
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
@@ -2774,7 +2782,7 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_mbar_init(kv_full, 1);
         for (i = 0; i < 2; ++i) {
             fa_i_mbar_init(rows_full + 8 * i, 1);
-            fa_i_mbar_init(rows_empty + 8 * i, 2); /* each warpgroup, done with its wgmmas */
+            released[i] = 0;
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -2788,8 +2796,10 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full);
             fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full);
         }
-        fa_i_sm90_bwd_load_rows(&args, sq, sdo, rows_full, CHUNKS, FA_I_STEP_ROW(0),
-                                FA_I_STEP_HEAD(0), b);
+        for (i = 0; i < 2 && i < steps; ++i)
+            fa_i_sm90_bwd_load_rows(&args, sq + i * ROWS_BYTES, sdo + i * ROWS_BYTES,
+                                    rows_full + 8 * i, CHUNKS, FA_I_STEP_ROW(i), FA_I_STEP_HEAD(i),
+                                    b);
     }
     /* Row facts of step n go to buffer n % 2 after the barrier of step n - 2
        (whose readers are done with it) and are read after that of n - 1. */
@@ -2807,12 +2817,6 @@ static __global__ void __launch_bounds__(256, 1)
         const float *lse2 = slse[buf], *dsum = sdsum[buf];
         float s[32], dp[32], dq[32];
         uint32_t pr[16], dsr[16];
-        if (tid == 0 && step + 1 < steps) { /* the next block, once its buffer is free */
-            if (step >= 1) fa_i_mbar_wait(rows_empty + 8 * (buf ^ 1), (uint32_t)(((step - 1) >> 1) & 1));
-            fa_i_sm90_bwd_load_rows(&args, sq + (buf ^ 1) * ROWS_BYTES, sdo + (buf ^ 1) * ROWS_BYTES,
-                                    rows_full + 8 * (buf ^ 1), CHUNKS, FA_I_STEP_ROW(step + 1),
-                                    FA_I_STEP_HEAD(step + 1), b);
-        }
         fa_i_mbar_wait(rows_full + 8 * buf, (uint32_t)((step >> 1) & 1));
         fa_i_wgmma_fence();
         FA_I_NAME(sm90_bwd_nt, FA_I_DT)(s, sk + w * 64 * 128, BN, sqt);
@@ -2884,7 +2888,14 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_f32(dv, D / 2);
         fa_i_fence_u32(pr, 16);
         fa_i_fence_u32(dsr, 16);
-        if (t == 0) fa_i_mbar_arrive(rows_empty + 8 * buf); /* Q, dO read */
+        /* Q and dO read: the second warpgroup here loads block step + 2 into
+           this buffer. Its reset of the count comes before the barrier of
+           step + 1, and either's next increment after it. */
+        if (t == 0 && step + 2 < steps && atomicAdd(&released[buf], 1) == 1) {
+            released[buf] = 0;
+            fa_i_sm90_bwd_load_rows(&args, sqt, sdot, rows_full + 8 * buf, CHUNKS,
+                                    FA_I_STEP_ROW(step + 2), FA_I_STEP_HEAD(step + 2), b);
+        }
 #pragma unroll
         for (i = 0; i < 8; ++i)
             asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (i * 128 + t) * 16),

@@ -2690,13 +2690,13 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                                              SS wgmma, both operands transposed
    (a 64 x 128 dQ block per warpgroup would not fit in its registers at d =
    128, and 32-column halves do not fit the swizzle at d = 64). Each
-   warpgroup's dQ part leaves through its own 16 KB of shared memory in
-   the tiled order (fa_i_bwd_postprocess): its thread 0 adds it into the fp32
+   warpgroup's dQ part leaves through its own 16 KB of shared memory in the
+   tiled order (fa_i_bwd_postprocess): its thread 0 adds it into the fp32
    accumulator with one bulk reduce-add that runs while the next block
-   computes. A thread holds accumulator rows
-   (keys) r and r + 8, r = 16 * warp + lane / 4, columns 8 (i / 4) +
-   2 (lane % 4) + i % 2 (FA_I_SM90_COL). Shared tiles are [d / 64][rows][64]
-   with the 128-byte swizzle; dS^T is [keys][64 rows]. */
+   computes. A thread holds accumulator rows (keys) r and r + 8, r = 16 *
+   warp + lane / 4, columns 8 (i / 4) + 2 (lane % 4) + i % 2
+   (FA_I_SM90_COL). Shared tiles are [d / 64][rows][64] with the 128-byte
+   swizzle; dS^T is [keys][64 rows]. */
 static_assert(FA_I_D == 64 || FA_I_D == 128, "flashattn: the FA3 backward takes d = 64 or 128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_I_WGMMA_NT FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), _n64)

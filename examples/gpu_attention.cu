@@ -105,8 +105,10 @@ int main(void)
     CHECK_CUDA(cudaEventCreate(&start));
     CHECK_CUDA(cudaEventCreate(&stop));
 
-    printf("flashattn GPU demo: B=%d H=%d N=%d d=%d bf16, forward kernel FA%d\n", BATCH, HEADS,
-           SEQ, DIM, fa_cuda_forward_algorithm(&p)); /* FA3 on Hopper (sm_90a build), else FA2 */
+    /* FA3 on Hopper (sm_90a build), else FA2 */
+    printf("flashattn GPU demo: B=%d H=%d N=%d d=%d bf16, forward kernel FA%d, backward FA%d\n",
+           BATCH, HEADS, SEQ, DIM, fa_cuda_forward_algorithm(&p),
+           fa_cuda_backward_algorithm(&p, 0));
     for (causal = 0; causal <= 1; ++causal) {
         const double flops = 4.0 * BATCH * HEADS * (double)SEQ * SEQ * DIM / (causal ? 2 : 1);
         float fwd_ms, bwd_ms;

@@ -568,10 +568,17 @@ static __device__ __forceinline__ void fa_i_store8(void *dst, const float *f, fl
     *(uint4 *)dst = make_uint4(r[0], r[1], r[2], r[3]);
 }
 
+/* 64-row query blocks per head: the FA3 backward's steps and the tiled dQ
+   accumulator's blocks. */
+static __host__ __device__ __forceinline__ int fa_i_dq_blocks(const fa_params *p)
+{
+    return (p->seqlen_q + 63) / 64;
+}
+
 /* Query rows per head in the dQ accumulator: whole 64-row blocks when tiled. */
 static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const fa_i_bwd_args *a)
 {
-    return a->dq_tiled ? (p->seqlen_q + 63) / 64 * 64 : p->seqlen_q;
+    return a->dq_tiled ? fa_i_dq_blocks(p) * 64 : p->seqlen_q;
 }
 
 /* Lanes per query row in the preprocess: the power of two that covers d with
@@ -625,7 +632,7 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
     int64_t bh;
     int r, c, n, i;
     if (a.dq_tiled) {
-        const int blocks = (p.seqlen_q + 63) / 64, x = (int)(t % (4 * d));
+        const int blocks = fa_i_dq_blocks(&p), x = (int)(t % (4 * d));
         const int64_t block = t / (4 * d);
         if (block >= (int64_t)p.batch * p.heads_q * blocks) return;
         for (i = 0; i < 4; ++i) {
@@ -1320,7 +1327,7 @@ FA_API int fa_cuda_forward_algorithm(const fa_params *params)
    B Hq Nq d of them). */
 static size_t fa_i_dq_acc_floats(const fa_params *p)
 {
-    return (size_t)p->batch * p->heads_q * fa_i_blocks(p->seqlen_q, 64) * 64 * p->head_dim;
+    return (size_t)p->batch * p->heads_q * fa_i_dq_blocks(p) * 64 * p->head_dim;
 }
 
 FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
@@ -2766,7 +2773,7 @@ static __global__ void __launch_bounds__(256, 1)
     const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
     const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_BYTES; /* this warpgroup's dQ part */
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
-    const int group = p.heads_q / p.heads_kv, q_blocks = (p.seqlen_q + BM - 1) / BM;
+    const int group = p.heads_q / p.heads_kv, q_blocks = fa_i_dq_blocks(&p);
     const int key0 = 64 * w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dk[D / 2], dv[D / 2];

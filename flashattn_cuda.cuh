@@ -95,7 +95,7 @@ FA_API fa_status fa_cuda_supported(const fa_params *p, fa_pass pass);
 FA_API int fa_cuda_forward_algorithm(const fa_params *p);
 
 /* The backward algorithm fa_cuda_backward runs for p: 2 FA2 (mma.sync), 3
-   FA3 (Hopper sm_90a, d = 64 or 128, not deterministic); 0 when p is unsupported. */
+   FA3 (Hopper sm_90a, d = 64, 128, 256, not deterministic); 0 when p is unsupported. */
 FA_API int fa_cuda_backward_algorithm(const fa_params *p, int deterministic);
 
 /* Bytes of workspace the forward needs (0 for FA2; O, m, l for FA1). */
@@ -275,8 +275,12 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_QBUFS_128 1
 #define FA_I_SM90_QBUFS_256 1
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
-/* The FA3 backward (d = 64, 128): keys per CTA, 64 per warpgroup. */
-#define FA_I_SM90_BWD_KEYS 128
+/* The FA3 backward (d = 64, 128, 256): keys per CTA (64 per warpgroup, or
+   at d = 256 64 shared by both, which split d), Q/dO buffers and fp32 dQ
+   parts of 64 x 64 per warpgroup. */
+#define FA_I_SM90_BWD_KEYS(d) ((d) == 256 ? 64 : 128)
+#define FA_I_SM90_BWD_STAGES(d) ((d) == 256 ? 1 : 2)
+#define FA_I_SM90_BWD_DQ_PARTS(d) ((d) == 256 ? 2 : 1)
 /* Registers per thread after setmaxnreg, for nc consumer warpgroups. setmaxnreg
    only moves registers within the CTA's launch allocation, 128 (nc + 1)
    threads x 65536 / (128 (nc + 1)) rounded down to 8: asking for more makes
@@ -352,7 +356,7 @@ typedef struct fa_i_bwd_args {
 
 #if FA_I_SM90
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
-   query rows or FA_I_SM90_BWD_KEYS keys) and the shared ones. */
+   query rows or FA_I_SM90_BWD_KEYS(d) keys) and the shared ones. */
 typedef struct fa_i_sm90_bwd_args {
     CUtensorMap q, k, v, dout;
     fa_i_bwd_args a;
@@ -1516,15 +1520,16 @@ FA_I_SM90_CHECK(FA_I_SM90_CFG_1);
 #define FA_I_HAS_SM90 0
 #define FA_I_SM90_ENTRIES(dt) {{0, 0, 0, 0}, {0, 0, 0, 0}}
 #endif
-#if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128)
+#if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_SM90_BWD 1
-/* K, V, two Q and dO buffers, two dS^T buffers (keys x 64 rows), each
-   warpgroup's fp32 dQ part (64 x 64), after the 1 KB alignment slack. */
-#define FA_I_SM90_BWD_SMEM \
-    (1024 + 2 * (2 * FA_I_SM90_BWD_KEYS * FA_I_D + 4 * 64 * FA_I_D + 2 * FA_I_SM90_BWD_KEYS * 64) + 2 * 4 * 64 * 64)
+/* K, V, the Q and dO buffers, two dS^T buffers (keys x 64 rows), each
+   warpgroup's fp32 dQ parts (64 x 64), after the 1 KB alignment slack. */
+#define FA_I_SM90_BWD_SMEM                                                                    \
+    (1024 + 4 * FA_I_SM90_BWD_KEYS(FA_I_D) * FA_I_D + 4 * 64 * FA_I_D * FA_I_SM90_BWD_STAGES(FA_I_D) + \
+     4 * FA_I_SM90_BWD_KEYS(FA_I_D) * 64 + 2 * FA_I_SM90_BWD_DQ_PARTS(FA_I_D) * 4 * 64 * 64)
 static_assert(FA_I_SM90_BWD_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 backward tiles exceed shared memory");
 #define FA_I_SM90_BWD_ENTRY(dt) \
-    {(const void *)FA_I_NAME(bwd_sm90, dt), FA_I_SM90_BWD_KEYS, 256, FA_I_SM90_BWD_SMEM}
+    {(const void *)FA_I_NAME(bwd_sm90, dt), FA_I_SM90_BWD_KEYS(FA_I_D), 256, FA_I_SM90_BWD_SMEM}
 #else
 #define FA_I_HAS_SM90_BWD 0
 #define FA_I_SM90_BWD_ENTRY(dt) {0, 0, 0, 0}
@@ -2682,17 +2687,21 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
 /* The FA3 backward for one (head dim FA_I_D, dtype FA_I_DT), dQ by bulk
    reduce-adds (the atomic mode). Included from pass 2, whose helpers it uses.
 
-   One CTA of two warpgroups per (FA_I_SM90_BWD_KEYS = 128 keys, kv head,
-   batch): warpgroup w owns keys 64 w ... 64 w + 63, their dK and dV in
-   registers, and walks the 64-row query blocks that see them (of each query
-   head of the group), Q and dO double-buffered by TMA (block n + 2's load
-   is issued into block n's buffer by whichever warpgroup is done with it
-   last, counted in `released`). Per block:
+   One CTA of two warpgroups per (FA_I_SM90_BWD_KEYS(d) keys, kv head,
+   batch): at d = 64 and 128 warpgroup w owns keys 64 w ... 64 w + 63 of
+   128, their dK and dV in registers; at d = 256 both take the same 64 keys
+   (both compute S^T and dP^T) and w owns columns 128 w ... of their dK and
+   dV. The CTA walks the 64-row query blocks that see its keys (of each
+   query head of the group), Q and dO double-buffered by TMA (one buffer at
+   d = 256): block n + STAGES's load is issued into block n's buffer by
+   whichever warpgroup is done with it last, counted in `released`. Per
+   block:
      S^T = K Q^T, dP^T = V dO^T              SS wgmma, 64 keys x 64 rows
      P^T = 2^(S^T - LSE), dS^T = P^T (dP^T - D)
      dV += P^T dO, dK += dS^T Q              RS wgmma, P^T and dS^T from registers
      dS^T to shared memory, barrier
      d = 128: dQ[:, 64 w ...] = dS K[:, 64 w ...] over all 128 keys
+     d = 256: the same for columns 128 w ... in two 64-column parts
      d = 64:  dQ += dS_w K_w, over the warpgroup's own 64 keys
                                              SS wgmma, both operands transposed
    (a 64 x 128 dQ block per warpgroup would not fit in its registers at d =
@@ -2704,10 +2713,15 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
    warp + lane / 4, columns 8 (i / 4) + 2 (lane % 4) + i % 2
    (FA_I_SM90_COL). Shared tiles are [d / 64][rows][64] with the 128-byte
    swizzle; dS^T is [keys][64 rows]. */
-static_assert(FA_I_D == 64 || FA_I_D == 128, "flashattn: the FA3 backward takes d = 64 or 128");
+static_assert(FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256,
+              "flashattn: the FA3 backward takes d = 64, 128 or 256");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_I_WGMMA_NT FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), _n64)
+#if FA_I_D == 256 /* each warpgroup's dK, dV columns */
+#define FA_I_WGMMA_DKV FA_I_CAT(fa_i_wgmma_rs_, FA_I_CAT(FA_I_DT, _n128))
+#else
 #define FA_I_WGMMA_DKV FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D))
+#endif
 #define FA_I_WGMMA_DQ FA_I_CAT(FA_I_CAT(fa_i_wgmma_sst_, FA_I_DT), _n64)
 
 /* Issues acc = A B^T over d: A the 64 rows at a of a [d / 64][a_rows][64]
@@ -2740,7 +2754,7 @@ static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_rs, FA_I_DT)(float *ac
 static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_dq, FA_I_DT)(float *acc, uint32_t ds,
                                                                       uint32_t kc, int keys)
 {
-    enum { BN = FA_I_SM90_BWD_KEYS };
+    enum { BN = FA_I_SM90_BWD_KEYS(FA_I_D) };
     const uint64_t ad = fa_i_wgmma_desc(ds, BN * 128, 1024);
     const uint64_t bd = fa_i_wgmma_desc(kc, BN * 128, 1024);
     int k;
@@ -2755,10 +2769,14 @@ static __global__ void __launch_bounds__(256, 1)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
-        D = FA_I_D, BN = FA_I_SM90_BWD_KEYS, BM = 64, CHUNKS = D / 64,
+        D = FA_I_D, BN = FA_I_SM90_BWD_KEYS(FA_I_D), BM = 64, CHUNKS = D / 64,
+        STAGES = FA_I_SM90_BWD_STAGES(FA_I_D), /* Q and dO buffers */
         KV_BYTES = BN * D * 2, ROWS_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2,
-        DQ_BY_KEYS = D == 64, /* see above */
-        DQ_BYTES = BM * 64 * 4 /* one warpgroup's dQ part */
+        SHARED_KEYS = BN == 64,  /* d = 256: both warpgroups on all keys, d split */
+        DW = SHARED_KEYS ? D / 2 : D, /* dK and dV columns per warpgroup */
+        DQ_BY_KEYS = D == 64,    /* see above */
+        DQ_PARTS = FA_I_SM90_BWD_DQ_PARTS(FA_I_D),
+        DQ_BYTES = BM * 64 * 4   /* one dQ part */
     };
     /* kv_full, then rows_full per buffer (Q and dO of one block). Only this
        sm_90a body has static shared memory (see fa_i_sm90_ready). */
@@ -2768,15 +2786,17 @@ static __global__ void __launch_bounds__(256, 1)
     __shared__ int slo[2][BM], shi[2][BM];
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sk = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u, sv = sk + KV_BYTES;
-    const uint32_t sq = sv + KV_BYTES, sdo = sq + 2 * ROWS_BYTES, sds = sdo + 2 * ROWS_BYTES;
+    const uint32_t sq = sv + KV_BYTES, sdo = sq + STAGES * ROWS_BYTES;
+    const uint32_t sds = sdo + STAGES * ROWS_BYTES;
     const uint32_t kv_full = fa_i_smem_addr(bars), rows_full = kv_full + 8;
     const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
-    const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_BYTES; /* this warpgroup's dQ part */
+    const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_PARTS * DQ_BYTES; /* this warpgroup's */
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.heads_q / p.heads_kv, q_blocks = fa_i_dq_blocks(&p);
-    const int key0 = 64 * w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
+    const int keys_w = SHARED_KEYS ? 0 : 64 * w, cols_w = SHARED_KEYS ? DW * w : 0;
+    const int key0 = keys_w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-    float dk[D / 2], dv[D / 2];
+    float dk[DW / 2], dv[DW / 2];
     int first, last, blocks, steps, step, i;
 
     FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
@@ -2803,7 +2823,7 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full);
             fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full);
         }
-        for (i = 0; i < 2 && i < steps; ++i)
+        for (i = 0; i < STAGES && i < steps; ++i)
             fa_i_sm90_bwd_load_rows(&args, sq + i * ROWS_BYTES, sdo + i * ROWS_BYTES,
                                     rows_full + 8 * i, CHUNKS, FA_I_STEP_ROW(i), FA_I_STEP_HEAD(i),
                                     b);
@@ -2814,21 +2834,24 @@ static __global__ void __launch_bounds__(256, 1)
         FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(i), FA_I_STEP_ROW(i),
                                           slse[i], sdsum[i], slo[i], shi[i], BM, tid, 256);
 #pragma unroll
-    for (i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+    for (i = 0; i < DW / 2; ++i) dk[i] = dv[i] = 0.0f;
     __syncthreads();
     if (steps > 0) fa_i_mbar_wait(kv_full, 0);
     for (step = 0; step < steps; ++step) {
-        const int buf = step & 1, h = FA_I_STEP_HEAD(step), r0 = FA_I_STEP_ROW(step);
+        /* buf: this step's Q/dO buffer; rb: its dS^T and row facts buffer */
+        const int buf = step % STAGES, rb = step & 1;
+        const int h = FA_I_STEP_HEAD(step), r0 = FA_I_STEP_ROW(step);
         const uint32_t sqt = sq + buf * ROWS_BYTES, sdot = sdo + buf * ROWS_BYTES;
-        const uint32_t sdst = sds + buf * DS_BYTES;
-        const float *lse2 = slse[buf], *dsum = sdsum[buf];
+        const uint32_t sdst = sds + rb * DS_BYTES;
+        const float *lse2 = slse[rb], *dsum = sdsum[rb];
         float s[32], dp[32], dq[32];
         uint32_t pr[16], dsr[16];
-        fa_i_mbar_wait(rows_full + 8 * buf, (uint32_t)((step >> 1) & 1));
+        int j;
+        fa_i_mbar_wait(rows_full + 8 * buf, (uint32_t)((step / STAGES) & 1));
         fa_i_wgmma_fence();
-        FA_I_NAME(sm90_bwd_nt, FA_I_DT)(s, sk + w * 64 * 128, BN, sqt);
+        FA_I_NAME(sm90_bwd_nt, FA_I_DT)(s, sk + keys_w * 128, BN, sqt);
         fa_i_wgmma_commit();
-        FA_I_NAME(sm90_bwd_nt, FA_I_DT)(dp, sv + w * 64 * 128, BN, sdot);
+        FA_I_NAME(sm90_bwd_nt, FA_I_DT)(dp, sv + keys_w * 128, BN, sdot);
         fa_i_wgmma_commit();
         FA_I_WGMMA_WAIT(1);
         fa_i_fence_f32(s, 32);
@@ -2836,12 +2859,12 @@ static __global__ void __launch_bounds__(256, 1)
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
-        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0 + 64 * w,
-                                 c0 + 64 * w + 64) != 2)
+        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0 + keys_w,
+                                 c0 + keys_w + 64) != 2)
 #pragma unroll
             for (i = 0; i < 32; ++i) {
                 const int r = FA_I_SM90_COL(i), key = c0 + key0 + 8 * ((i >> 1) & 1);
-                if (key < slo[buf][r] || key >= shi[buf][r]) s[i] = -INFINITY;
+                if (key < slo[rb][r] || key >= shi[rb][r]) s[i] = -INFINITY;
             }
 #pragma unroll
         for (i = 0; i < 32; ++i)
@@ -2862,12 +2885,13 @@ static __global__ void __launch_bounds__(256, 1)
             dsr[i] = FA_I_PACK(dp[2 * i], dp[2 * i + 1]);
         }
         fa_i_wgmma_fence();
-        FA_I_NAME(sm90_bwd_rs, FA_I_DT)(dv, pr, sdot);
-        FA_I_NAME(sm90_bwd_rs, FA_I_DT)(dk, dsr, sqt);
+        FA_I_NAME(sm90_bwd_rs, FA_I_DT)(dv, pr, sdot + (cols_w / 64) * BM * 128);
+        FA_I_NAME(sm90_bwd_rs, FA_I_DT)(dk, dsr, sqt + (cols_w / 64) * BM * 128);
         fa_i_wgmma_commit();
 #pragma unroll
         for (i = 0; i < 16; ++i) { /* dS^T for dQ, swizzled like the TMA tiles */
             const int key = key0 + 8 * (i & 1), col = 8 * (i >> 1);
+            if (SHARED_KEYS && (i >> 3) != w) continue; /* the same dS^T: half each */
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdst + key * 128 +
                                                           (((col >> 3) ^ (key & 7)) << 4) +
                                                           4 * (lane & 3)),
@@ -2879,42 +2903,50 @@ static __global__ void __launch_bounds__(256, 1)
         /* Everyone's dS^T is in, and everyone is past this step's softmax,
            so its row facts may be overwritten. */
         __syncthreads();
-        fa_i_wgmma_fence();
-        if (DQ_BY_KEYS)
-            FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst + w * 64 * 128, sk + w * 64 * 128, 64);
-        else
-            FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst, sk + w * BN * 128, BN);
-        fa_i_wgmma_commit();
-        if (w == 1 && step + 2 < steps) /* global loads, while the tensor cores run dQ */
-            FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 2),
-                                              FA_I_STEP_ROW(step + 2), slse[buf], sdsum[buf],
-                                              slo[buf], shi[buf], BM, t, 128);
-        FA_I_WGMMA_WAIT(0);
-        fa_i_fence_f32(dq, 32);
-        fa_i_fence_f32(dk, D / 2);
-        fa_i_fence_f32(dv, D / 2);
-        fa_i_fence_u32(pr, 16);
-        fa_i_fence_u32(dsr, 16);
-        /* Q and dO read: the second warpgroup here loads block step + 2 into
-           this buffer. Its reset of the count comes before the barrier of
-           step + 1, and either's next increment after it. */
-        if (t == 0 && step + 2 < steps && atomicAdd(&released[buf], 1) == 1) {
-            released[buf] = 0;
-            fa_i_sm90_bwd_load_rows(&args, sqt, sdot, rows_full + 8 * buf, CHUNKS,
-                                    FA_I_STEP_ROW(step + 2), FA_I_STEP_HEAD(step + 2), b);
-        }
 #pragma unroll
-        for (i = 0; i < 8; ++i)
-            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (i * 128 + t) * 16),
-                         "f"(dq[4 * i]), "f"(dq[4 * i + 1]), "f"(dq[4 * i + 2]), "f"(dq[4 * i + 3])
-                         : "memory");
+        for (j = 0; j < DQ_PARTS; ++j) { /* d = 256: this warpgroup's two column chunks */
+            fa_i_wgmma_fence();
+            if (DQ_BY_KEYS)
+                FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst + w * 64 * 128, sk + w * 64 * 128, 64);
+            else
+                FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst, sk + (w * DQ_PARTS + j) * BN * 128, BN);
+            fa_i_wgmma_commit();
+            if (j == 0 && w == 1 && step + 2 < steps) /* global loads under the dQ wgmma */
+                FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 2),
+                                                  FA_I_STEP_ROW(step + 2), slse[rb], sdsum[rb],
+                                                  slo[rb], shi[rb], BM, t, 128);
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(dq, 32);
+            if (j == 0) {
+                fa_i_fence_f32(dk, DW / 2);
+                fa_i_fence_f32(dv, DW / 2);
+                fa_i_fence_u32(pr, 16);
+                fa_i_fence_u32(dsr, 16);
+                /* Q and dO read: the second warpgroup here loads block step +
+                   STAGES into this buffer. Its reset of the count comes before
+                   the barrier of step + 1, and either's next increment after it. */
+                if (t == 0 && step + STAGES < steps && atomicAdd(&released[buf], 1) == 1) {
+                    released[buf] = 0;
+                    fa_i_sm90_bwd_load_rows(&args, sqt, sdot, rows_full + 8 * buf, CHUNKS,
+                                            FA_I_STEP_ROW(step + STAGES),
+                                            FA_I_STEP_HEAD(step + STAGES), b);
+                }
+            }
+#pragma unroll
+            for (i = 0; i < 8; ++i)
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                 sdq + j * DQ_BYTES + (i * 128 + t) * 16),
+                             "f"(dq[4 * i]), "f"(dq[4 * i + 1]), "f"(dq[4 * i + 2]),
+                             "f"(dq[4 * i + 3])
+                             : "memory");
+        }
         fa_i_fence_proxy_async();
         fa_i_named_sync(1 + w, 128);
-        if (t == 0) { /* d = 128: this warpgroup's 64 columns; d = 64: its keys' share */
+        if (t == 0) { /* d = 64: its keys' share of the block, else its columns */
             fa_i_bulk_add_f32(args.a.dq_acc +
                                   (((int64_t)b * p.heads_q + h) * q_blocks + r0 / BM) * BM * D +
-                                  (DQ_BY_KEYS ? 0 : w * BM * 64),
-                              sdq, DQ_BYTES);
+                                  (DQ_BY_KEYS ? 0 : w * DQ_PARTS * BM * 64),
+                              sdq, DQ_PARTS * DQ_BYTES);
             fa_i_tma_store_commit();
         }
     }
@@ -2925,8 +2957,8 @@ static __global__ void __launch_bounds__(256, 1)
         uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
         uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
 #pragma unroll
-        for (i = 0; i < D / 2; i += 2) {
-            const int key = c0 + key0 + 8 * ((i >> 1) & 1), col = FA_I_SM90_COL(i);
+        for (i = 0; i < DW / 2; i += 2) {
+            const int key = c0 + key0 + 8 * ((i >> 1) & 1), col = cols_w + FA_I_SM90_COL(i);
             if (key < p.seqlen_k) {
                 *(uint32_t *)(gdk + (int64_t)key * p.dk_layout.seq + col) =
                     FA_I_PACK(dk[i] * p.scale, dk[i + 1] * p.scale);

@@ -32,7 +32,7 @@ def gpu_forward(**cfg):
 
 
 def gpu_backward(**cfg):
-    """The default build's atomic (FA3 on Hopper at d = 64, 128) and deterministic
+    """The default build's atomic (FA3 on Hopper at d = 64, 128, 256) and deterministic
     modes and, where built, the FA2 atomic kernel on its own."""
     need_gpu()
     return backward_case(backends=("gpu", "gpu_det") + (("gpu_fa2",) if fa.GPU_FA2 else ()),
@@ -71,10 +71,12 @@ for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
         case(f"gpu_fwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_forward, seqlen_q=nq,
              seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal)
 
-# The FA3 backward's tiles (d 64, 128): 128 keys per CTA, 64-row query blocks.
+# The FA3 backward's tiles: 128 keys per CTA (d 64, 128), 64 at d 256; 64-row
+# query blocks.
 for d, nq, nk in ((128, 1, 1), (128, 63, 64), (128, 65, 257), (128, 257, 7), (128, 1000, 129),
                   (128, 129, 1000), (128, 700, 2100), (64, 1, 1), (64, 65, 257), (64, 1000, 129),
-                  (64, 700, 2100)):
+                  (64, 700, 2100), (256, 1, 1), (256, 63, 64), (256, 65, 257), (256, 1000, 129),
+                  (256, 700, 2100)):
     for causal in (False, True):
         case(f"gpu_bwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_backward, seqlen_q=nq,
              seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal, heads_q=4, heads_kv=2)
@@ -160,7 +162,7 @@ def _algorithm_dispatch(seed, algorithm, fa3_dims):
 case("gpu_forward_algorithm_dispatch", _algorithm_dispatch, "dispatch",
      lambda lib, p: lib.fa_cuda_forward_algorithm(ctypes.byref(p)), (64, 128, 256))
 case("gpu_backward_algorithm_dispatch", _algorithm_dispatch, "bwd_dispatch",
-     lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0), (64, 128))
+     lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0), (64, 128, 256))
 case("gpu_deterministic_backward_algorithm_dispatch", _algorithm_dispatch, "det_dispatch",
      lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 1), ())
 

@@ -625,9 +625,11 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
    (accumulator element i of thread t of the part of columns 64 c ... at
    float (8 c + i / 4) 512 + 4 t + i % 4), so that its shared-memory writes
    are conflict-free and a part leaves in one bulk copy. Thread x of a block
-   reads floats 16 x ... 16 x + 15, which are columns 8 (x / 32) ... + 7 of
-   rows r and r + 8, r = 16 (x % 32 / 8) + x % 8: pairs of (r, r + 8) from
-   each of four neighbouring threads. */
+   takes column chunk j = x % (d / 8) of row group m = x / (d / 8): floats
+   512 j + 16 m ... + 15, which are columns 8 j ... 8 j + 7 of rows r and
+   r + 8, r = 16 (m / 8) + m % 8 (pairs of (r, r + 8) from each of four
+   neighbouring threads). Neighbouring x take neighbouring chunks of a row,
+   so a warp's stores cover whole rows. */
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -637,15 +639,17 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
     int r, c, n, i;
     if (a.dq_tiled) {
         const int blocks = fa_i_dq_blocks(&p), x = (int)(t % (4 * d));
+        const int j = x % (d / 8), m = x / (d / 8);
         const int64_t block = t / (4 * d);
+        const float4 *src = (const float4 *)(a.dq_acc + block * 64 * d + 512 * j + 16 * m);
         if (block >= (int64_t)p.batch * p.heads_q * blocks) return;
         for (i = 0; i < 4; ++i) {
-            const float4 v = ((const float4 *)(a.dq_acc + block * 64 * d))[4 * x + i];
+            const float4 v = src[i];
             f[2 * i] = v.x, f[2 * i + 1] = v.y, f[8 + 2 * i] = v.z, f[8 + 2 * i + 1] = v.w;
         }
         bh = block / blocks;
-        r = (int)(block % blocks) * 64 + 16 * ((x & 31) >> 3) + (x & 7);
-        c = 8 * (x >> 5);
+        r = (int)(block % blocks) * 64 + 16 * (m >> 3) + (m & 7);
+        c = 8 * j;
         n = 2;
     } else {
         const int64_t row = t / (d / 8);

@@ -177,6 +177,31 @@ static inline FA_HOST_DEVICE void fa_i_rows_key_span(const fa_params *p, int r0,
     fa_i_key_range(p, r1 - 1, &unused, hi);
 }
 
+/* The query rows that may see keys [c0, c1), 0 <= c0 < c1 <= seqlen_k:
+   [*first, *last] (empty when first > last), the first row whose range ends
+   after c0 to the last whose range starts before c1. In closed form from
+   fa_i_key_range: a row's range ends at min(diag + 1 + e, Nk), e the mask's
+   reach right of the diagonal (0 causal, window_right, or none), or at its
+   start where that is later; it starts at diag - window_left (clamped to
+   [0, Nk]) or 0. */
+static inline FA_HOST_DEVICE void fa_i_rows_seeing_keys(const fa_params *p, int c0, int c1,
+                                                        int *first, int *last)
+{
+    const int64_t off = (int64_t)p->seqlen_k - p->seqlen_q, nq = p->seqlen_q;
+    const int has_left = p->window && p->window_left >= 0;
+    int64_t e = -1, f = nq, l = nq; /* e < 0: no bound on the right */
+    if (p->window && p->window_right >= 0) e = p->window_right;
+    if (p->causal) e = 0;
+    if (c0 < p->seqlen_k) {
+        f = e < 0 ? 0 : c0 - off - e; /* the end passes c0 ... */
+        if (has_left && (int64_t)c0 + p->window_left - off + 1 < f) /* ... or the start does */
+            f = c0 + p->window_left - off + 1;
+    }
+    if (has_left) l = (int64_t)c1 + p->window_left - off; /* first row starting at c1 or later */
+    *first = (int)(f < 0 ? 0 : f > nq ? nq : f);
+    *last = (int)(l < 0 ? 0 : l > nq ? nq : l) - 1;
+}
+
 /* How much of the tile rows [r0, r1) x keys [c0, c1) is visible:
    0 none, 1 some (needs masking), 2 all. */
 static inline FA_HOST_DEVICE int fa_i_tile_visibility(const fa_params *p, int r0, int r1, int c0,

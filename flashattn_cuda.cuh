@@ -917,6 +917,18 @@ static __device__ __forceinline__ int fa_i_sm90_tile(const fa_params *p, int64_t
     return 1;
 }
 
+/* The step `ahead` steps after step (head sh of the group, block sb of
+   blocks): its query head h0 + sh' and first row (b0 + sb') 64. Steps go
+   through a head's blocks, then the next head's; ahead <= 2, so this is at
+   most two wraps, not a division (the FA3 backward). */
+static __device__ __forceinline__ void fa_i_sm90_bwd_step(int sh, int sb, int ahead, int blocks,
+                                                          int h0, int b0, int *h, int *r0)
+{
+    for (sb += ahead; sb >= blocks; sb -= blocks) ++sh;
+    *h = h0 + sh;
+    *r0 = (b0 + sb) * 64;
+}
+
 /* Shared-memory matrix descriptor with the 128-byte swizzle: start, leading
    and stride byte offsets (see the PTX ISA's wgmma section). */
 static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32_t lead,
@@ -1939,29 +1951,6 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
     FA_I_NAME(bwd_row_facts, FA_I_DT)(p, a, b, h, r0, slse, sdsum, slo, shi, bm, tid, nthreads);
 }
 
-/* First and last query rows that may see keys [c0, c1) (first > last: none).
-   Key ranges grow with the row, so both are binary searches. */
-static __device__ __forceinline__ void FA_I_NAME(bwd_row_span, FA_I_DT)(const fa_params *p, int c0,
-                                                                        int c1, int *first,
-                                                                        int *last)
-{
-    int a = 0, z = p->seqlen_q, lo, hi;
-    while (a < z) { /* first row with hi > c0 */
-        const int mid = (a + z) / 2;
-        fa_i_key_range(p, mid, &lo, &hi);
-        if (hi > c0) z = mid; else a = mid + 1;
-    }
-    *first = a;
-    a = 0;
-    z = p->seqlen_q;
-    while (a < z) { /* first row with lo >= c1 */
-        const int mid = (a + z) / 2;
-        fa_i_key_range(p, mid, &lo, &hi);
-        if (lo >= c1) z = mid; else a = mid + 1;
-    }
-    *last = a - 1;
-}
-
 /* The dK/dV kernel twice: with dQ by atomics (its own tile) and without, for
    the deterministic mode (pass 4). */
 #undef FA_I_PASS
@@ -2501,7 +2490,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
     float dk[KM][DS / 8][4], dv[KM][DS / 8][4];
     int first, last, blocks, steps, t, i, j, km;
 
-    FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
+    fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
     steps = group * blocks; /* (query head, query block) pairs, in order */
 #pragma unroll
@@ -2804,13 +2793,15 @@ static __global__ void __launch_bounds__(256, 1)
     const int key0 = keys_w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dk[DW / 2], dv[DW / 2];
-    int first, last, blocks, steps, step, i;
+    int first, last, blocks, steps, step, i, h_at, r_at;
+    int sh = 0, sb = 0; /* this step's head of the group and block */
 
-    FA_I_NAME(bwd_row_span, FA_I_DT)(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
+    fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
     steps = group * blocks; /* (query head, query block) pairs, in order */
-#define FA_I_STEP_HEAD(n) (hk * group + (n) / blocks)
-#define FA_I_STEP_ROW(n) ((first / BM + (n) % blocks) * BM)
+    /* h_at, r_at: the query head and first row of the step `ahead` after this one */
+#define FA_I_STEP_AT(ahead) \
+    fa_i_sm90_bwd_step(sh, sb, ahead, blocks, hk * group, first / BM, &h_at, &r_at)
 #define FA_I_SM90_COL(i) (8 * ((i) >> 2) + 2 * (lane & 3) + ((i) & 1))
     if (tid == 0) {
         fa_i_mbar_init(kv_full, 1);
@@ -2830,16 +2821,19 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full);
             fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full);
         }
-        for (i = 0; i < STAGES && i < steps; ++i)
+        for (i = 0; i < STAGES && i < steps; ++i) {
+            FA_I_STEP_AT(i);
             fa_i_sm90_bwd_load_rows(&args, sq + i * ROWS_BYTES, sdo + i * ROWS_BYTES,
-                                    rows_full + 8 * i, CHUNKS, FA_I_STEP_ROW(i), FA_I_STEP_HEAD(i),
-                                    b);
+                                    rows_full + 8 * i, CHUNKS, r_at, h_at, b);
+        }
     }
     /* Row facts of step n go to buffer n % 2 after the barrier of step n - 2
        (whose readers are done with it) and are read after that of n - 1. */
-    for (i = 0; i < 2 && i < steps; ++i)
-        FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(i), FA_I_STEP_ROW(i),
-                                          slse[i], sdsum[i], slo[i], shi[i], BM, tid, 256);
+    for (i = 0; i < 2 && i < steps; ++i) {
+        FA_I_STEP_AT(i);
+        FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, h_at, r_at, slse[i], sdsum[i], slo[i],
+                                          shi[i], BM, tid, 256);
+    }
 #pragma unroll
     for (i = 0; i < DW / 2; ++i) dk[i] = dv[i] = 0.0f;
     __syncthreads();
@@ -2847,7 +2841,7 @@ static __global__ void __launch_bounds__(256, 1)
     for (step = 0; step < steps; ++step) {
         /* buf: this step's Q/dO buffer; rb: its dS^T and row facts buffer */
         const int buf = step % STAGES, rb = step & 1;
-        const int h = FA_I_STEP_HEAD(step), r0 = FA_I_STEP_ROW(step);
+        const int h = hk * group + sh, r0 = (first / BM + sb) * BM;
         const uint32_t sqt = sq + buf * ROWS_BYTES, sdot = sdo + buf * ROWS_BYTES;
         const uint32_t sdst = sds + rb * DS_BYTES;
         const float *lse2 = slse[rb], *dsum = sdsum[rb];
@@ -2866,8 +2860,9 @@ static __global__ void __launch_bounds__(256, 1)
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
-        if (fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0 + keys_w,
-                                 c0 + keys_w + 64) != 2)
+        /* Masking unless every row sees all 64 keys: key ranges grow with
+           the row, so the first row's end and the last row's start say. */
+        if (shi[rb][0] < c0 + keys_w + 64 || slo[rb][min(BM, p.seqlen_q - r0) - 1] > c0 + keys_w)
 #pragma unroll
             for (i = 0; i < 32; ++i) {
                 const int r = FA_I_SM90_COL(i), key = c0 + key0 + 8 * ((i >> 1) & 1);
@@ -2918,10 +2913,11 @@ static __global__ void __launch_bounds__(256, 1)
             else
                 FA_I_NAME(sm90_bwd_dq, FA_I_DT)(dq, sdst, sk + (w * DQ_PARTS + j) * BN * 128, BN);
             fa_i_wgmma_commit();
-            if (j == 0 && w == 1 && step + 2 < steps) /* global loads under the dQ wgmma */
-                FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, FA_I_STEP_HEAD(step + 2),
-                                                  FA_I_STEP_ROW(step + 2), slse[rb], sdsum[rb],
+            if (j == 0 && w == 1 && step + 2 < steps) { /* global loads under the dQ wgmma */
+                FA_I_STEP_AT(2);
+                FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &args.a, b, h_at, r_at, slse[rb], sdsum[rb],
                                                   slo[rb], shi[rb], BM, t, 128);
+            }
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(dq, 32);
             if (j == 0) {
@@ -2934,9 +2930,9 @@ static __global__ void __launch_bounds__(256, 1)
                    the barrier of step + 1, and either's next increment after it. */
                 if (t == 0 && step + STAGES < steps && atomicAdd(&released[buf], 1) == 1) {
                     released[buf] = 0;
-                    fa_i_sm90_bwd_load_rows(&args, sqt, sdot, rows_full + 8 * buf, CHUNKS,
-                                            FA_I_STEP_ROW(step + STAGES),
-                                            FA_I_STEP_HEAD(step + STAGES), b);
+                    FA_I_STEP_AT(STAGES);
+                    fa_i_sm90_bwd_load_rows(&args, sqt, sdot, rows_full + 8 * buf, CHUNKS, r_at,
+                                            h_at, b);
                 }
             }
 #pragma unroll
@@ -2956,9 +2952,12 @@ static __global__ void __launch_bounds__(256, 1)
                               sdq, DQ_PARTS * DQ_BYTES);
             fa_i_tma_store_commit();
         }
+        if (++sb == blocks) {
+            sb = 0;
+            ++sh;
+        }
     }
-#undef FA_I_STEP_HEAD
-#undef FA_I_STEP_ROW
+#undef FA_I_STEP_AT
     if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */
     {
         uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);

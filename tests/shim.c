@@ -25,3 +25,9 @@ size_t fa_test_params_offset(const char *name)
 #undef FA_TEST_FIELD
     return (size_t)-1;
 }
+
+/* The query rows that may see keys [c0, c1), for the mask test. */
+void fa_test_rows_seeing_keys(const fa_params *p, int c0, int c1, int *first, int *last)
+{
+    fa_i_rows_seeing_keys(p, c0, c1, first, last);
+}

@@ -277,6 +277,37 @@ def params_struct_matches_ctypes_mirror():
 
 
 @test
+def rows_seeing_keys_cover_the_mask():
+    """fa_i_rows_seeing_keys (the GPU backward's row span per key block, in
+    closed form) against reference.mask: every row that sees a key of the
+    block lies in the span, and the span's ends see the block or see nothing."""
+    rng = rng_for("rows_seeing_keys")
+    windows = (None, (0, 0), (3, -1), (-1, 2), (5, 9), (-1, -1), (0, -1), (40, 0), (2**31 - 1, 5))
+    first, last = ctypes.c_int(), ctypes.c_int()
+    for _ in range(300):
+        nq, nk = (int(x) for x in rng.integers(1, 200, 2))
+        causal, window = bool(rng.integers(2)), windows[rng.integers(len(windows))]
+        p = fa.Problem(rng, seqlen_q=1, seqlen_k=1).params({})
+        p.seqlen_q, p.seqlen_k, p.causal = nq, nk, int(causal)
+        if window is not None:
+            p.window, (p.window_left, p.window_right) = 1, window
+        visible = ~reference.mask(nq, nk, causal, window)
+        empty = ~visible.any(axis=1)
+        bn = int(rng.integers(1, 70))
+        for c0 in range(0, nk, bn):
+            c1 = min(c0 + bn, nk)
+            fa.CPU.fa_test_rows_seeing_keys(ctypes.byref(p), c0, c1, ctypes.byref(first),
+                                           ctypes.byref(last))
+            rows = np.nonzero(visible[:, c0:c1].any(axis=1))[0]
+            cfg = (nq, nk, causal, window, c0, c1, first.value, last.value)
+            if len(rows):
+                assert first.value <= rows[0] and last.value >= rows[-1], cfg
+            for end in (first.value, last.value):
+                if first.value <= last.value:
+                    assert end in rows or empty[end], cfg
+
+
+@test
 def conversions_match_numpy():
     bits = np.arange(65536, dtype=np.uint16)
     ours = np.array([fa.CPU.fa_f16_to_f32(int(b)) for b in bits], np.float32)

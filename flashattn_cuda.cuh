@@ -2304,8 +2304,12 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             const uint32_t sq_wg = sq + qb * Q_BYTES + cw * 64 * 128;
             const uint32_t so_wg = O_APART ? so + cw * 64 * 128 : sq_wg;
             const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
-            int lo[2], hi[2], first_lo, last_hi, n, n_first, n_end;
+            int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, unused, n, n_first, n_end;
             fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
+            /* keys [all_lo, all_hi) every row of the tile sees (ranges grow
+               with the row): key tiles inside need no mask */
+            fa_i_key_range(&p, last - 1, &all_lo, &unused);
+            fa_i_key_range(&p, m0, &unused, &all_hi);
             n_first = first_lo / BN;
             n_end = (last_hi + BN - 1) / BN;
 #pragma unroll
@@ -2319,7 +2323,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             fa_i_mbar_wait(q_full + 8 * qb, (uint32_t)((k / Q_BUFS) & 1));
 #define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
 #define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
-#define FA_I_MASKED(n) (fa_i_tile_visibility(&p, m0, last, (n) * BN, (n) * BN + BN) != 2)
+#define FA_I_MASKED(n) ((n) * BN < all_lo || (n) * BN + BN > all_hi)
 /* Tile n's scores on their own: S = Q K(n)^T, K's stage released, the
    softmax, O rescaled and P packed (the first tile with the overlap, every
    tile without it). */

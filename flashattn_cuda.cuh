@@ -579,6 +579,18 @@ static __host__ __device__ __forceinline__ int fa_i_dq_blocks(const fa_params *p
     return (p->seqlen_q + 63) / 64;
 }
 
+/* The backward's step `ahead` steps after step (head sh of the group, block
+   sb of blocks of bm rows): its query head h0 + sh' and first row (b0 + sb')
+   bm. Steps go through a head's blocks, then the next head's; ahead <= 2, so
+   this is at most two wraps, not a division. */
+static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, int blocks, int h0,
+                                                     int b0, int bm, int *h, int *r0)
+{
+    for (sb += ahead; sb >= blocks; sb -= blocks) ++sh;
+    *h = h0 + sh;
+    *r0 = (b0 + sb) * bm;
+}
+
 /* Query rows per head in the dQ accumulator: whole 64-row blocks when tiled. */
 static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const fa_i_bwd_args *a)
 {
@@ -915,18 +927,6 @@ static __device__ __forceinline__ int fa_i_sm90_tile(const fa_params *p, int64_t
     *h = (int)(hb % p->heads_q);
     *b = (int)(hb / p->heads_q);
     return 1;
-}
-
-/* The step `ahead` steps after step (head sh of the group, block sb of
-   blocks): its query head h0 + sh' and first row (b0 + sb') 64. Steps go
-   through a head's blocks, then the next head's; ahead <= 2, so this is at
-   most two wraps, not a division (the FA3 backward). */
-static __device__ __forceinline__ void fa_i_sm90_bwd_step(int sh, int sb, int ahead, int blocks,
-                                                          int h0, int b0, int *h, int *r0)
-{
-    for (sb += ahead; sb >= blocks; sb -= blocks) ++sh;
-    *h = h0 + sh;
-    *r0 = (b0 + sb) * 64;
 }
 
 /* Shared-memory matrix descriptor with the 128-byte swizzle: start, leading
@@ -2493,6 +2493,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dk[KM][DS / 8][4], dv[KM][DS / 8][4];
     int first, last, blocks, steps, t, i, j, km;
+    int sh = 0, sb = 0; /* step t's head of the group and block */
 
     fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
@@ -2512,8 +2513,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                                      slo, shi, BM, D, LD, tid, NT);
     fa_i_cp_async_commit();
     for (t = 0; t < steps; ++t) {
-        const int stage = t & 1, h = hk * group + t / blocks;
-        const int r0 = (first / BM + t % blocks) * BM;
+        const int stage = t & 1, h = hk * group + sh, r0 = (first / BM + sb) * BM;
         const uint16_t *sqt = sq + stage * BM * LD, *sdot = sdo + stage * BM * LD;
         const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
         const int *lo = slo + stage * BM, *hi = shi + stage * BM;
@@ -2524,10 +2524,10 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
         fa_i_cp_async_wait_0();
         __syncthreads();
         if (t + 1 < steps) {
-            const int tn = t + 1;
-            FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group + tn / blocks,
-                                         (first / BM + tn % blocks) * BM,
-                                         sq + (stage ^ 1) * BM * LD, sdo + (stage ^ 1) * BM * LD,
+            int h_next, r_next;
+            fa_i_bwd_step(sh, sb, 1, blocks, hk * group, first / BM, BM, &h_next, &r_next);
+            FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, h_next, r_next, sq + (stage ^ 1) * BM * LD,
+                                         sdo + (stage ^ 1) * BM * LD,
                                          slse + (stage ^ 1) * BM, sdsum + (stage ^ 1) * BM,
                                          slo + (stage ^ 1) * BM, shi + (stage ^ 1) * BM, BM, D, LD,
                                          tid, NT);
@@ -2542,7 +2542,9 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
            neither. */
         if (has_s && p.softcap > 0.0f)
             FA_I_EACH_SCORE(km, i, j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
-        if (has_s && fa_i_tile_visibility(&p, r0, min(r0 + BM, p.seqlen_q), c0, c0 + BN) != 2)
+        /* Masking unless every row sees all BN keys: key ranges grow with the
+           row, so the first row's end and the last row's start say. */
+        if (has_s && (hi[0] < c0 + BN || lo[min(BM, p.seqlen_q - r0) - 1] > c0))
             FA_I_EACH_SCORE(km, i, j) {
                 const int r = FA_I_SCORE_ROW(i, j), key = kbase + 16 * km + (j < 2 ? 0 : 8);
                 if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
@@ -2649,6 +2651,10 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                                           : make_float4(dq[i][0], dq[i][1], x, y));
                 }
             }
+        }
+        if (++sb == blocks) {
+            sb = 0;
+            ++sh;
         }
     }
     fa_i_cp_async_wait_0();
@@ -2805,7 +2811,7 @@ static __global__ void __launch_bounds__(256, 1)
     steps = group * blocks; /* (query head, query block) pairs, in order */
     /* h_at, r_at: the query head and first row of the step `ahead` after this one */
 #define FA_I_STEP_AT(ahead) \
-    fa_i_sm90_bwd_step(sh, sb, ahead, blocks, hk * group, first / BM, &h_at, &r_at)
+    fa_i_bwd_step(sh, sb, ahead, blocks, hk * group, first / BM, BM, &h_at, &r_at)
 #define FA_I_SM90_COL(i) (8 * ((i) >> 2) + 2 * (lane & 3) + ((i) & 1))
     if (tid == 0) {
         fa_i_mbar_init(kv_full, 1);

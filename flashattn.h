@@ -193,9 +193,9 @@ static inline FA_HOST_DEVICE void fa_i_rows_seeing_keys(const fa_params *p, int 
     if (p->window && p->window_right >= 0) e = p->window_right;
     if (p->causal) e = 0;
     if (c0 < p->seqlen_k) {
+        const int64_t start_passes = (int64_t)c0 + p->window_left - off + 1;
         f = e < 0 ? 0 : c0 - off - e; /* the end passes c0 ... */
-        if (has_left && (int64_t)c0 + p->window_left - off + 1 < f) /* ... or the start does */
-            f = c0 + p->window_left - off + 1;
+        if (has_left && start_passes < f) f = start_passes; /* ... or the start does */
     }
     if (has_left) l = (int64_t)c1 + p->window_left - off; /* first row starting at c1 or later */
     *first = (int)(f < 0 ? 0 : f > nq ? nq : f);

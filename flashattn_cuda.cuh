@@ -39,10 +39,12 @@
                registers), the QK^T of the next tile overlapping the softmax
                of this one, and take turns on the tensor cores (ping-pong on
                named barriers). O leaves through shared memory by TMA store.
-     backward  FA3 (Hopper, sm_90a, head dims 64 128, atomic mode): one CTA
-               of two warpgroups per 128 keys; each warpgroup keeps dK, dV
-               of its 64 keys in registers and walks the query blocks (64
-               rows, Q and dO double-buffered by TMA): S^T, dP^T by SS
+     backward  FA3 (Hopper, sm_90a, head dims 64 128 256, atomic mode): one
+               CTA of two warpgroups per 128 keys; each warpgroup keeps dK,
+               dV of its 64 keys in registers (at d = 256: 64 keys per CTA,
+               both warpgroups on all of them, each with half of d) and
+               walks the query blocks (64 rows, Q and dO double-buffered by
+               TMA, single-buffered at d = 256): S^T, dP^T by SS
                wgmma, dV and dK by RS wgmma (P^T, dS^T from registers), dQ
                by SS wgmma from dS^T in shared memory, added into the fp32
                accumulator by one bulk reduce-add per warpgroup and block

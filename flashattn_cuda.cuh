@@ -922,12 +922,20 @@ static __device__ __forceinline__ int fa_i_sm90_tile(const fa_params *p, int64_t
                                                      int *mb, int *h, int *b)
 {
     const int64_t t = 2 * (blockIdx.x + (k >> 1) * gridDim.x) + (k & 1);
-    const int r = (int)(t % blocks_m);
-    const int64_t hb = t / blocks_m;
-    if (hb >= (int64_t)p->heads_q * p->batch) return 0;
+    int r;
+    if (t >= (int64_t)blocks_m * p->heads_q * p->batch) return 0;
+    if (t <= 0xFFFFFFFF) { /* 32-bit divisions: a fraction of the 64-bit ones' cost */
+        const uint32_t hb = (uint32_t)t / (uint32_t)blocks_m;
+        r = (int)((uint32_t)t - hb * (uint32_t)blocks_m);
+        *h = (int)(hb % (uint32_t)p->heads_q);
+        *b = (int)(hb / (uint32_t)p->heads_q);
+    } else {
+        const int64_t hb = t / blocks_m;
+        r = (int)(t - hb * blocks_m);
+        *h = (int)(hb % p->heads_q);
+        *b = (int)(hb / p->heads_q);
+    }
     *mb = !p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
-    *h = (int)(hb % p->heads_q);
-    *b = (int)(hb / p->heads_q);
     return 1;
 }
 
@@ -2294,19 +2302,22 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
         uint32_t pr[BN / 4];
         int64_t k;
-        int it = 0, mb, h, b;
+        int it = 0, mb, h, b, have;
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS(NC)));
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
 #if FA_SM90_PINGPONG
         if (cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
 #endif
-        for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
+        have = fa_i_sm90_tile(&p, 0, blocks_m, &mb, &h, &b);
+        for (k = 0; have; ++k) {
             const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q), qb = (int)(k % Q_BUFS);
+            const int h_now = h, b_now = b;
             const uint32_t sq_wg = sq + qb * Q_BYTES + cw * 64 * 128;
             const uint32_t so_wg = O_APART ? so + cw * 64 * 128 : sq_wg;
             const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
             int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, unused, n, n_first, n_end;
+            float inv[2]; /* 1 / (row sum) */
             fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
             /* keys [all_lo, all_hi) every row of the tile sees (ranges grow
                with the row): key tiles inside need no mask */
@@ -2365,13 +2376,11 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
                     FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
                 }
+                /* issued here, waited for below the next tile's coordinates */
                 fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
                 fa_i_sm90_turn_begin(cw);
                 FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
                 fa_i_sm90_turn_end(cw, NC);
-                FA_I_WGMMA_WAIT(0);
-                fa_i_fence_f32(o, D / 2);
-                if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
             }
 #else
             /* No overlap: S, softmax, then PV, one tile after another. */
@@ -2385,15 +2394,36 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
             }
 #endif
+            /* While the last PV runs: Q is free for a later tile where O has
+               its own buffer (no wgmma reads Q now); the row sums, LSE and
+               the next tile's coordinates. */
+            if (O_APART && lane == 0) fa_i_mbar_arrive(q_empty + 8 * qb);
+#pragma unroll
+            for (i = 0; i < 2; ++i) {
+                float l = l_run[i];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+                if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
+                    p.lse[((int64_t)b_now * p.heads_q + h_now) * p.seqlen_q + row + 8 * i] =
+                        l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+            }
+            have = fa_i_sm90_tile(&p, k + 1, blocks_m, &mb, &h, &b);
+#if FA_SM90_OVERLAP
+            /* Unconditional (a no-op without a PV): behind the branch ptxas
+               can't see O complete and serializes the wgmmas (C7514). */
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(o, D / 2);
+            if (n_first < n_end && lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
+#endif
 #undef FA_I_SM90_SCORES
 #undef FA_I_STAGE
 #undef FA_I_PARITY
 #undef FA_I_MASKED
             it += n_end > n_first ? n_end - n_first : 0;
             if (O_APART) {
-                /* Q is free for the next tile; O's buffer is free once this
-                   thread's previous store has read it. */
-                if (lane == 0) fa_i_mbar_arrive(q_empty + 8 * qb);
+                /* O's buffer is free once this thread's previous store has
+                   read it. */
                 if (t == 0) fa_i_tma_store_wait_read();
                 fa_i_named_sync(1 + NC + cw, 128);
             }
@@ -2401,25 +2431,17 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             /* Epilogue: O / l in 16 bits into shared memory (over this
                warpgroup's own Q rows unless O_APART), one TMA store per chunk. */
             {
-                float inv[2];
 #pragma unroll
-                for (i = 0; i < 2; ++i) {
-                    float l = l_run[i];
-                    l += __shfl_xor_sync(0xffffffffu, l, 1);
-                    l += __shfl_xor_sync(0xffffffffu, l, 2);
-                    inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
-                    if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
-                        p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row + 8 * i] =
-                            l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
-                }
-#pragma unroll
-                for (i = 0; i < D / 2; i += 2) {
-                    const int r = 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1), col = 8 * (i >> 2);
+                for (i = 0; i < D / 2; i += 8) { /* 16 columns: four 8 x 8 matrices */
+                    const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+                    const int col = 2 * i + 8 * (lane >> 4);
                     const uint32_t addr = so_wg + (col >> 6) * BM * 128 + r * 128 +
-                                          ((((col & 63) >> 3) ^ (r & 7)) << 4) + 4 * (lane & 3);
-                    const float f = inv[(i >> 1) & 1];
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
-                                 "r"(FA_I_PACK(o[i] * f, o[i + 1] * f))
+                                          ((((col & 63) >> 3) ^ (r & 7)) << 4);
+                    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                                 ::"r"(addr), "r"(FA_I_PACK(o[i] * inv[0], o[i + 1] * inv[0])),
+                                 "r"(FA_I_PACK(o[i + 2] * inv[1], o[i + 3] * inv[1])),
+                                 "r"(FA_I_PACK(o[i + 4] * inv[0], o[i + 5] * inv[0])),
+                                 "r"(FA_I_PACK(o[i + 6] * inv[1], o[i + 7] * inv[1]))
                                  : "memory");
                 }
                 fa_i_fence_proxy_async();
@@ -2427,7 +2449,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 if (t == 0) {
                     int c;
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_store(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h, b);
+                        fa_i_tma_store(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h_now,
+                                       b_now);
                     fa_i_tma_store_commit();
                     if (!O_APART) { /* Q's rows now hold O: free them once read */
                         fa_i_tma_store_wait_read();

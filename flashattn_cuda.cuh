@@ -64,7 +64,8 @@
                      run), 0 not
      FA_SM90_OVERLAP  1 (default): QK^T of tile j+1 overlaps the softmax of j
      FA_SM90_PINGPONG 1 (default): consumer warpgroups alternate their GEMMs
-                     (the last two are ablation switches, as in the FA3 paper)
+                     (the last two are ablation switches, as in the FA3 paper;
+                     the d = 64 causal tile for Nq < 4096 never ping-pongs)
      FA_SM90_ROWS_<d>, FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper tile for
                      d = 64, 128, 256: query rows (128 or 192), keys, K/V
                      pipeline stages (default: the table below); with 192
@@ -894,22 +895,13 @@ static __device__ __forceinline__ void fa_i_sm90_bwd_load_rows(const fa_i_sm90_b
    The last warpgroup arrives once before anyone's first turn (warpgroup 0
    goes first) and warpgroup 0 waits once after its last, so every arrival
    is matched. */
-static __device__ __forceinline__ void fa_i_sm90_turn_begin(int cw)
+static __device__ __forceinline__ void fa_i_sm90_turn_begin(int pingpong, int cw)
 {
-#if FA_SM90_PINGPONG
-    fa_i_named_sync(1 + cw, 256);
-#else
-    (void)cw;
-#endif
+    if (pingpong) fa_i_named_sync(1 + cw, 256);
 }
-static __device__ __forceinline__ void fa_i_sm90_turn_end(int cw, int nc)
+static __device__ __forceinline__ void fa_i_sm90_turn_end(int pingpong, int cw, int nc)
 {
-#if FA_SM90_PINGPONG
-    fa_i_named_arrive(1 + (cw + 1) % nc, 256);
-#else
-    (void)cw;
-    (void)nc;
-#endif
+    if (pingpong) fa_i_named_arrive(1 + (cw + 1) % nc, 256);
 }
 
 /* The persistent schedule: the k-th tile of this CTA, or 0 when it has no
@@ -1908,15 +1900,21 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 #undef FA_I_PASS
 #define FA_I_PASS 3
 #define FA_I_SV _0
+#define FA_I_SV_PINGPONG 1
 #define FA_I_SM90_CFG FA_I_SM90_CFG_0
 #include "flashattn_cuda.cuh"
 #undef FA_I_SV
+#undef FA_I_SV_PINGPONG
 #undef FA_I_SM90_CFG
 #ifdef FA_I_SM90_CFG_1
+/* The d = 64 causal tile for short sequences (a tile boundary every ~4 key
+   tiles) runs without ping-pong: measured faster (bench/NOTES.md, f8). */
 #define FA_I_SV _1
+#define FA_I_SV_PINGPONG 0
 #define FA_I_SM90_CFG FA_I_SM90_CFG_1
 #include "flashattn_cuda.cuh"
 #undef FA_I_SV
+#undef FA_I_SV_PINGPONG
 #undef FA_I_SM90_CFG
 #endif
 #undef FA_I_PASS
@@ -2228,7 +2226,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         NC = BM / 64, /* consumer warpgroups */
         /* Q buffers (tile k uses k % Q_BUFS) and whether O has its own
            buffer or goes over Q: FA_I_SM90_SMEM. */
-        Q_BUFS = FA_I_SNAME(sm90_q_bufs), O_APART = FA_I_SNAME(sm90_o_apart), Q_BYTES = BM * D * 2
+        Q_BUFS = FA_I_SNAME(sm90_q_bufs), O_APART = FA_I_SNAME(sm90_o_apart), Q_BYTES = BM * D * 2,
+        PINGPONG = FA_SM90_PINGPONG && FA_I_SV_PINGPONG
     };
     /* Barriers: q_full and q_empty per Q buffer, then k_full, v_full,
        k_empty, v_empty per stage. Only this sm_90a body has static shared
@@ -2306,9 +2305,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS(NC)));
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-#if FA_SM90_PINGPONG
-        if (cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
-#endif
+        if (PINGPONG && cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
         have = fa_i_sm90_tile(&p, 0, blocks_m, &mb, &h, &b);
         for (k = 0; have; ++k) {
             const int m0 = mb * BM, last = min(m0 + BM, p.seqlen_q), qb = (int)(k % Q_BUFS);
@@ -2343,9 +2340,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #define FA_I_SM90_SCORES(n)                                                              \
     do {                                                                                 \
         fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));                      \
-        fa_i_sm90_turn_begin(cw);                                                        \
+        fa_i_sm90_turn_begin(PINGPONG, cw);                                                        \
         FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);                        \
-        fa_i_sm90_turn_end(cw, NC);                                                      \
+        fa_i_sm90_turn_end(PINGPONG, cw, NC);                                                      \
         FA_I_WGMMA_WAIT(0);                                                              \
         fa_i_fence_f32(s, BN / 2);                                                       \
         if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));                    \
@@ -2361,10 +2358,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 for (n = n_first + 1; n < n_end; ++n) {
                     fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
                     fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n - 1), FA_I_PARITY(n - 1));
-                    fa_i_sm90_turn_begin(cw);
+                    fa_i_sm90_turn_begin(PINGPONG, cw);
                     FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
                     FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
-                    fa_i_sm90_turn_end(cw, NC);
+                    fa_i_sm90_turn_end(PINGPONG, cw, NC);
                     FA_I_WGMMA_WAIT(1);
                     fa_i_fence_f32(s, BN / 2);
                     if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
@@ -2378,9 +2375,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 }
                 /* issued here, waited for below the next tile's coordinates */
                 fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
-                fa_i_sm90_turn_begin(cw);
+                fa_i_sm90_turn_begin(PINGPONG, cw);
                 FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
-                fa_i_sm90_turn_end(cw, NC);
+                fa_i_sm90_turn_end(PINGPONG, cw, NC);
             }
 #else
             /* No overlap: S, softmax, then PV, one tile after another. */
@@ -2459,9 +2456,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 }
             }
         }
-#if FA_SM90_PINGPONG
-        if (cw == 0) fa_i_named_sync(1, 256); /* matches the last warpgroup's last arrival */
-#endif
+        if (PINGPONG && cw == 0) fa_i_named_sync(1, 256); /* matches the last one's last arrival */
         if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the stores */
     }
 #else

@@ -1,0 +1,70 @@
+"""Same-process A/B of forward builds (`--extra`-style shims of tests/shim_cuda.cu):
+each configuration's forward is timed in alternating rounds (build A, build B,
+..., cuDNN; ROUNDS rounds of a REPS-run CUDA-event median each) so that clock
+and power drift land on every build alike. Repeats to about ±1% on most rows,
+where bench_gpu.py's --extra columns (one block of runs per build) drifted by
+up to 14% (bench/NOTES.md, f7). Every build's output is checked against
+PyTorch's flash backend before timing.
+
+Usage: python3 bench/ab_gpu.py "d,n,causal;d,n,causal..." NAME=path/to/shim.so ...
+The first build is the reference; ratios are to it. Sweep shapes as in
+bench_gpu.py (B = 16384 / n, H = 2048 / d, bf16)."""
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import torch  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
+
+import bench_gpu as bg  # noqa: E402
+import fa  # noqa: E402
+
+ROUNDS, REPS = 7, 15
+
+
+def main():
+    configs = [tuple(int(x) for x in c.split(",")) for c in sys.argv[1].split(";")]
+    builds = [(spec.split("=")[0], fa.load_gpu(os.path.abspath(spec.split("=")[1])))
+              for spec in sys.argv[2:]]
+    for d, n, causal in configs:
+        causal = bool(causal)
+        b, h = max(1, 16384 // n), 2048 // d
+        q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+                         for _ in range(4))
+        o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+        lse = torch.empty(b, h, n, device="cuda", dtype=torch.float32)
+        ref = bg.peer(SDPBackend.FLASH_ATTENTION, q, k, v, dout, causal)[2].float()
+        fns = {}
+        for name, lib in builds:
+            impl = bg.Ours(q, k, v, o, lse, dout, dq, dk, dv, causal, lib)
+            if impl.algorithm() == 0:  # this build lacks the head dim
+                continue
+            o.fill_(float("nan"))
+            impl.forward()
+            torch.cuda.synchronize()
+            err = ((o.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, f"{name}: d={d} N={n} causal={causal}: error {err:.3g}"
+            fns[name] = impl.forward
+        cudnn = bg.peer(SDPBackend.CUDNN_ATTENTION, q, k, v, dout, causal)
+        if cudnn:
+            fns["cudnn"] = cudnn[0]
+        times = {name: [] for name in fns}
+        for _ in range(ROUNDS):
+            for name, fn in fns.items():
+                times[name].append(bg.median_ms(fn, REPS))
+        flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
+        first = statistics.median(next(iter(times.values())))
+        line = f"d{d} N{n} causal{int(causal)}:"
+        for name, ts in times.items():
+            m = statistics.median(ts)
+            line += (f" {name} {flops / m / 1e9:.0f} ({first / m:.3f},"
+                     f" rounds {min(ts) / m:.2f}-{max(ts) / m:.2f})")
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -594,6 +594,24 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
     *r0 = (b0 + sb) * bm;
 }
 
+/* The backward's next step: block sb + 1 of head sh, or the next head's
+   first block. */
+static __device__ __forceinline__ void fa_i_bwd_advance(int *sh, int *sb, int blocks)
+{
+    if (++*sb == blocks) {
+        *sb = 0;
+        ++*sh;
+    }
+}
+
+/* Whether a key tile [c0, c1) needs the mask for a block of query rows:
+   unless every row sees all its keys. Key ranges grow with the row, so the
+   first row's end and the last row's start say. */
+static __device__ __forceinline__ int fa_i_bwd_tile_masked(int first_hi, int last_lo, int c0, int c1)
+{
+    return first_hi < c1 || last_lo > c0;
+}
+
 /* Query rows per head in the dQ accumulator: whole 64-row blocks when tiled. */
 static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const fa_i_bwd_args *a)
 {
@@ -2562,9 +2580,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
            neither. */
         if (has_s && p.softcap > 0.0f)
             FA_I_EACH_SCORE(km, i, j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
-        /* Masking unless every row sees all BN keys: key ranges grow with the
-           row, so the first row's end and the last row's start say. */
-        if (has_s && (hi[0] < c0 + BN || lo[min(BM, p.seqlen_q - r0) - 1] > c0))
+        if (has_s && fa_i_bwd_tile_masked(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN))
             FA_I_EACH_SCORE(km, i, j) {
                 const int r = FA_I_SCORE_ROW(i, j), key = kbase + 16 * km + (j < 2 ? 0 : 8);
                 if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
@@ -2672,10 +2688,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                 }
             }
         }
-        if (++sb == blocks) {
-            sb = 0;
-            ++sh;
-        }
+        fa_i_bwd_advance(&sh, &sb, blocks);
     }
     fa_i_cp_async_wait_0();
     {
@@ -2890,9 +2903,8 @@ static __global__ void __launch_bounds__(256, 1)
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
-        /* Masking unless every row sees all 64 keys: key ranges grow with
-           the row, so the first row's end and the last row's start say. */
-        if (shi[rb][0] < c0 + keys_w + 64 || slo[rb][min(BM, p.seqlen_q - r0) - 1] > c0 + keys_w)
+        if (fa_i_bwd_tile_masked(shi[rb][0], slo[rb][min(BM, p.seqlen_q - r0) - 1], c0 + keys_w,
+                                 c0 + keys_w + 64))
 #pragma unroll
             for (i = 0; i < 32; ++i) {
                 const int r = FA_I_SM90_COL(i), key = c0 + key0 + 8 * ((i >> 1) & 1);
@@ -2982,10 +2994,7 @@ static __global__ void __launch_bounds__(256, 1)
                               sdq, DQ_PARTS * DQ_BYTES);
             fa_i_tma_store_commit();
         }
-        if (++sb == blocks) {
-            sb = 0;
-            ++sh;
-        }
+        fa_i_bwd_advance(&sh, &sb, blocks);
     }
 #undef FA_I_STEP_AT
     if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */

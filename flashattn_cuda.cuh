@@ -606,8 +606,8 @@ static __device__ __forceinline__ void fa_i_bwd_advance(int *sh, int *sb, int bl
 
 /* Whether a key tile [c0, c1) needs the mask for a block of query rows:
    unless every row sees all its keys. Key ranges grow with the row, so the
-   first row's end and the last row's start say. */
-static __device__ __forceinline__ int fa_i_bwd_tile_masked(int first_hi, int last_lo, int c0, int c1)
+   first row's end and the last row's start say (forward and backward). */
+static __device__ __forceinline__ int fa_i_tile_masked(int first_hi, int last_lo, int c0, int c1)
 {
     return first_hi < c1 || last_lo > c0;
 }
@@ -2334,8 +2334,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, unused, n, n_first, n_end;
             float inv[2]; /* 1 / (row sum) */
             fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
-            /* keys [all_lo, all_hi) every row of the tile sees (ranges grow
-               with the row): key tiles inside need no mask */
+            /* the last row's start and the first row's end (fa_i_tile_masked) */
             fa_i_key_range(&p, last - 1, &all_lo, &unused);
             fa_i_key_range(&p, m0, &unused, &all_hi);
             n_first = first_lo / BN;
@@ -2351,16 +2350,16 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             fa_i_mbar_wait(q_full + 8 * qb, (uint32_t)((k / Q_BUFS) & 1));
 #define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
 #define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
-#define FA_I_MASKED(n) ((n) * BN < all_lo || (n) * BN + BN > all_hi)
+#define FA_I_MASKED(n) fa_i_tile_masked(all_hi, all_lo, (n) * BN, (n) * BN + BN)
 /* Tile n's scores on their own: S = Q K(n)^T, K's stage released, the
    softmax, O rescaled and P packed (the first tile with the overlap, every
    tile without it). */
 #define FA_I_SM90_SCORES(n)                                                              \
     do {                                                                                 \
         fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));                      \
-        fa_i_sm90_turn_begin(PINGPONG, cw);                                                        \
+        fa_i_sm90_turn_begin(PINGPONG, cw);                                              \
         FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);                        \
-        fa_i_sm90_turn_end(PINGPONG, cw, NC);                                                      \
+        fa_i_sm90_turn_end(PINGPONG, cw, NC);                                            \
         FA_I_WGMMA_WAIT(0);                                                              \
         fa_i_fence_f32(s, BN / 2);                                                       \
         if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));                    \
@@ -2580,7 +2579,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
            neither. */
         if (has_s && p.softcap > 0.0f)
             FA_I_EACH_SCORE(km, i, j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
-        if (has_s && fa_i_bwd_tile_masked(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN))
+        if (has_s && fa_i_tile_masked(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN))
             FA_I_EACH_SCORE(km, i, j) {
                 const int r = FA_I_SCORE_ROW(i, j), key = kbase + 16 * km + (j < 2 ? 0 : 8);
                 if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
@@ -2903,7 +2902,7 @@ static __global__ void __launch_bounds__(256, 1)
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
-        if (fa_i_bwd_tile_masked(shi[rb][0], slo[rb][min(BM, p.seqlen_q - r0) - 1], c0 + keys_w,
+        if (fa_i_tile_masked(shi[rb][0], slo[rb][min(BM, p.seqlen_q - r0) - 1], c0 + keys_w,
                                  c0 + keys_w + 64))
 #pragma unroll
             for (i = 0; i < 32; ++i) {

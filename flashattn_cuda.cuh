@@ -968,6 +968,34 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
     return r;
 }
 
+/* Issues acc (=) A B^T over the head dim, one k16 step per wgmma (no fence,
+   no commit): A and B are [d / 64][rows][64] tiles at shared addresses a
+   and b with a_rows and b_rows rows, 128-byte swizzle; WGMMA is the SS
+   wrapper whose N is B's rows; the first step overwrites acc. Used by the
+   forward's S = Q K^T and the backward's S^T and dP^T. */
+#define FA_I_SM90_GEMM_NT(WGMMA, acc, a, a_rows, b, b_rows)                                   \
+    do {                                                                                      \
+        const uint64_t ad_ = fa_i_wgmma_desc(a, 16, 1024), bd_ = fa_i_wgmma_desc(b, 16, 1024); \
+        int k_;                                                                               \
+        _Pragma("unroll") for (k_ = 0; k_ < FA_I_D / 16; ++k_) /* chunk k / 4, 32 B a step */ \
+            WGMMA(acc, fa_i_desc_add(ad_, (k_ >> 2) * (a_rows) * 128 + (k_ & 3) * 32),        \
+                  fa_i_desc_add(bd_, (k_ >> 2) * (b_rows) * 128 + (k_ & 3) * 32), k_ > 0);    \
+    } while (0)
+
+/* Issues acc += A B over an inner dimension of kdim (one k16 step per
+   wgmma, no fence, no commit): A (64 x kdim) from registers in 16-bit pairs,
+   4 per step; B the [N / 64][b_rows][64] tile at b, stored inner dimension
+   first (MN-major: V, dO or Q as [rows][...]), 128-byte swizzle; WGMMA is
+   the RS wrapper of B's N. Used by the forward's O += P V and the
+   backward's dV += P^T dO, dK += dS^T Q. */
+#define FA_I_SM90_GEMM_RS(WGMMA, acc, a, b, b_rows, kdim)                                      \
+    do {                                                                                      \
+        const uint64_t bd_ = fa_i_wgmma_desc(b, (b_rows) * 128, 1024);                        \
+        int k_;                                                                               \
+        _Pragma("unroll") for (k_ = 0; k_ < (kdim) / 16; ++k_) /* 16 rows of 128 B a step */  \
+            WGMMA(acc, (a) + 4 * k_, fa_i_desc_add(bd_, k_ * 2048));                          \
+    } while (0)
+
 /* wgmma wrappers. The accumulator of m64nNk16 is N/2 floats per thread, each
    an asm operand: FA_I_REGS<n> spells "%0,...,%<n-1>", FA_I_ACC<n> binds
    d[0..n-1]. SS: A and B from shared memory (B K-major: K rows for QK^T).
@@ -2151,13 +2179,8 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_qk)(float *s, uint32_t sq
                                                                    uint32_t sk)
 {
     enum { BM = FA_I_SNAME(sm90_bm), BN = FA_I_SM90_BN };
-    const uint64_t qd = fa_i_wgmma_desc(sq, 16, 1024), kd = fa_i_wgmma_desc(sk, 16, 1024);
-    int k;
     fa_i_wgmma_fence();
-#pragma unroll
-    for (k = 0; k < FA_I_D / 16; ++k) /* 64-column chunk k / 4, 32 bytes per k16 step */
-        FA_I_WGMMA_QK(s, fa_i_desc_add(qd, (k >> 2) * BM * 128 + (k & 3) * 32),
-                      fa_i_desc_add(kd, (k >> 2) * BN * 128 + (k & 3) * 32), k > 0);
+    FA_I_SM90_GEMM_NT(FA_I_WGMMA_QK, s, sq, BM, sk, BN);
     fa_i_wgmma_commit();
 }
 
@@ -2166,12 +2189,8 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_pv)(float *o, const uint3
                                                                    uint32_t sv)
 {
     enum { BN = FA_I_SM90_BN };
-    const uint64_t vd = fa_i_wgmma_desc(sv, BN * 128, 1024);
-    int k;
     fa_i_wgmma_fence();
-#pragma unroll
-    for (k = 0; k < BN / 16; ++k) /* 16 keys = 16 rows of 128 bytes per step */
-        FA_I_WGMMA_PV(o, pr + 4 * k, fa_i_desc_add(vd, k * 2048));
+    FA_I_SM90_GEMM_RS(FA_I_WGMMA_PV, o, pr, sv, BN, BN);
     fa_i_wgmma_commit();
 }
 
@@ -2767,12 +2786,7 @@ static_assert(FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256,
 static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_nt, FA_I_DT)(float *acc, uint32_t a,
                                                                       int a_rows, uint32_t b)
 {
-    const uint64_t ad = fa_i_wgmma_desc(a, 16, 1024), bd = fa_i_wgmma_desc(b, 16, 1024);
-    int k;
-#pragma unroll
-    for (k = 0; k < FA_I_D / 16; ++k) /* 64-column chunk k / 4, 32 bytes per k16 step */
-        FA_I_WGMMA_NT(acc, fa_i_desc_add(ad, (k >> 2) * a_rows * 128 + (k & 3) * 32),
-                      fa_i_desc_add(bd, (k >> 2) * 64 * 128 + (k & 3) * 32), k > 0);
+    FA_I_SM90_GEMM_NT(FA_I_WGMMA_NT, acc, a, a_rows, b, 64);
 }
 
 /* Issues acc += A B: A (64 keys x 64 rows) from registers in 16-bit pairs, B
@@ -2780,11 +2794,7 @@ static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_nt, FA_I_DT)(float *ac
 static __device__ __forceinline__ void FA_I_NAME(sm90_bwd_rs, FA_I_DT)(float *acc,
                                                                       const uint32_t *a, uint32_t b)
 {
-    const uint64_t bd = fa_i_wgmma_desc(b, 64 * 128, 1024);
-    int k;
-#pragma unroll
-    for (k = 0; k < 4; ++k) /* 16 rows of 128 bytes per k16 step */
-        FA_I_WGMMA_DKV(acc, a + 4 * k, fa_i_desc_add(bd, k * 2048));
+    FA_I_SM90_GEMM_RS(FA_I_WGMMA_DKV, acc, a, b, 64, 64);
 }
 
 /* Issues acc = dS K_c (64 rows x 64 columns of d) over `keys` keys: dS^T at

@@ -595,22 +595,20 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
 }
 
 /* The backward's next step: block sb + 1 of head sh, or the next head's
-   first block. */
-static __device__ __forceinline__ void fa_i_bwd_advance(int *sh, int *sb, int blocks)
-{
-    if (++*sb == blocks) {
-        *sb = 0;
-        ++*sh;
-    }
-}
+   first block. (Macros, these two: as inline functions they moved the FA2
+   dK/dV kernel's registers by 2 to 4.) */
+#define FA_I_BWD_ADVANCE(sh, sb, blocks) \
+    do {                                 \
+        if (++(sb) == (blocks)) {        \
+            (sb) = 0;                    \
+            ++(sh);                      \
+        }                                \
+    } while (0)
 
 /* Whether a key tile [c0, c1) needs the mask for a block of query rows:
    unless every row sees all its keys. Key ranges grow with the row, so the
-   first row's end and the last row's start say (forward and backward). */
-static __device__ __forceinline__ int fa_i_tile_masked(int first_hi, int last_lo, int c0, int c1)
-{
-    return first_hi < c1 || last_lo > c0;
-}
+   first row's end and the last row's start say. */
+#define FA_I_TILE_MASKED(first_hi, last_lo, c0, c1) ((first_hi) < (c1) || (last_lo) > (c0))
 
 /* Query rows per head in the dQ accumulator: whole 64-row blocks when tiled. */
 static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const fa_i_bwd_args *a)
@@ -2353,7 +2351,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, unused, n, n_first, n_end;
             float inv[2]; /* 1 / (row sum) */
             fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
-            /* the last row's start and the first row's end (fa_i_tile_masked) */
+            /* keys [all_lo, all_hi) every row of the tile sees (ranges grow
+               with the row): key tiles inside need no mask */
             fa_i_key_range(&p, last - 1, &all_lo, &unused);
             fa_i_key_range(&p, m0, &unused, &all_hi);
             n_first = first_lo / BN;
@@ -2369,7 +2368,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             fa_i_mbar_wait(q_full + 8 * qb, (uint32_t)((k / Q_BUFS) & 1));
 #define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
 #define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
-#define FA_I_MASKED(n) fa_i_tile_masked(all_hi, all_lo, (n) * BN, (n) * BN + BN)
+#define FA_I_MASKED(n) ((n) * BN < all_lo || (n) * BN + BN > all_hi)
 /* Tile n's scores on their own: S = Q K(n)^T, K's stage released, the
    softmax, O rescaled and P packed (the first tile with the overlap, every
    tile without it). */
@@ -2598,7 +2597,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
            neither. */
         if (has_s && p.softcap > 0.0f)
             FA_I_EACH_SCORE(km, i, j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
-        if (has_s && fa_i_tile_masked(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN))
+        if (has_s && FA_I_TILE_MASKED(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN))
             FA_I_EACH_SCORE(km, i, j) {
                 const int r = FA_I_SCORE_ROW(i, j), key = kbase + 16 * km + (j < 2 ? 0 : 8);
                 if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
@@ -2706,7 +2705,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                 }
             }
         }
-        fa_i_bwd_advance(&sh, &sb, blocks);
+        FA_I_BWD_ADVANCE(sh, sb, blocks);
     }
     fa_i_cp_async_wait_0();
     {
@@ -2912,8 +2911,8 @@ static __global__ void __launch_bounds__(256, 1)
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
-        if (fa_i_tile_masked(shi[rb][0], slo[rb][min(BM, p.seqlen_q - r0) - 1], c0 + keys_w,
-                                 c0 + keys_w + 64))
+        if (FA_I_TILE_MASKED(shi[rb][0], slo[rb][min(BM, p.seqlen_q - r0) - 1], c0 + keys_w,
+                             c0 + keys_w + 64))
 #pragma unroll
             for (i = 0; i < 32; ++i) {
                 const int r = FA_I_SM90_COL(i), key = c0 + key0 + 8 * ((i >> 1) & 1);
@@ -3003,7 +3002,7 @@ static __global__ void __launch_bounds__(256, 1)
                               sdq, DQ_PARTS * DQ_BYTES);
             fa_i_tma_store_commit();
         }
-        fa_i_bwd_advance(&sh, &sb, blocks);
+        FA_I_BWD_ADVANCE(sh, sb, blocks);
     }
 #undef FA_I_STEP_AT
     if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */

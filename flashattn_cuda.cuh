@@ -1255,14 +1255,18 @@ static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, c
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-/* The FA3 tile for p: variant 1 (where compiled) for causal problems with
-   fewer than FA_I_SM90_ALT_BELOW queries, where the default tile's extra rows
-   cost more in diagonal waste than they gain (measured: bench/NOTES.md). */
-#define FA_I_SM90_ALT_BELOW 4096
+/* The FA3 tile for p: variant 1 where the head dim has one and p is the
+   kind of problem it was measured faster on (bench/NOTES.md): at d = 64
+   causal problems with Nq < 4096, where the 192-row default's extra rows cost
+   more in diagonal waste than they gain (f4, f8); at d = 128 full attention
+   (no mask) over at least 8192 keys, where 176-key tiles' fewer tile
+   boundaries pay (f9). */
 static const fa_i_sm90_kernel *fa_i_sm90_pick(const fa_params *p, const fa_i_kernels *k)
 {
-    return k->sm90[1].fwd && p->causal && p->seqlen_q < FA_I_SM90_ALT_BELOW ? &k->sm90[1]
-                                                                             : &k->sm90[0];
+    const int alt = p->head_dim == 64    ? p->causal && p->seqlen_q < 4096
+                    : p->head_dim == 128 ? !p->causal && !p->window && p->seqlen_k >= 8192
+                                         : 0;
+    return k->sm90[1].fwd && alt ? &k->sm90[1] : &k->sm90[0];
 }
 
 /* Whether a Hopper kernel can run here: the build has it (fn) compiled for
@@ -1535,11 +1539,18 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_SM90 1
-/* Tile variant 0 serves every problem; variant 1, where a head dim has one,
-   the causal problems with Nq < FA_I_SM90_ALT_BELOW (fa_i_sm90_pick). */
+/* Tile variant 0 serves every problem; variant 1, where a head dim has one
+   (and its tile table is the default), the problems fa_i_sm90_pick gives it:
+   d = 64 short causal ones on 128 rows without ping-pong (a tile boundary
+   every ~4 key tiles; measured faster, bench/NOTES.md f8), d = 128 long
+   unmasked ones on 176 keys. */
 #define FA_I_SM90_CFG_0 (FA_I_CAT(FA_I_SM90_, FA_I_D))
 #if FA_I_D == 64 && FA_SM90_ROWS_64 == 192
 #define FA_I_SM90_CFG_1 (128, FA_SM90_KEYS_64, FA_SM90_STAGES_64)
+#define FA_I_SM90_PINGPONG_1 0
+#elif FA_I_D == 128 && FA_SM90_ROWS_128 == 128 && FA_SM90_KEYS_128 == 128 && FA_SM90_STAGES_128 == 2
+#define FA_I_SM90_CFG_1 (128, 176, 2)
+#define FA_I_SM90_PINGPONG_1 1
 #endif
 /* Shared memory: the K/V ring with the 1 KB alignment slack, then Q and O
    tiles of 2 d rows bytes each: two Q buffers and O's own where the table
@@ -1666,6 +1677,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #endif
 #ifdef FA_I_SM90_CFG_1
 #undef FA_I_SM90_CFG_1
+#undef FA_I_SM90_PINGPONG_1
 #endif
 #undef FA_I_FWD_SMEM
 #undef FA_I_BWD_SMEM
@@ -1951,10 +1963,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 #undef FA_I_SV_PINGPONG
 #undef FA_I_SM90_CFG
 #ifdef FA_I_SM90_CFG_1
-/* The d = 64 causal tile for short sequences (a tile boundary every ~4 key
-   tiles) runs without ping-pong: measured faster (bench/NOTES.md, f8). */
 #define FA_I_SV _1
-#define FA_I_SV_PINGPONG 0
+#define FA_I_SV_PINGPONG FA_I_SM90_PINGPONG_1
 #define FA_I_SM90_CFG FA_I_SM90_CFG_1
 #include "flashattn_cuda.cuh"
 #undef FA_I_SV

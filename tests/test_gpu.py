@@ -64,9 +64,11 @@ for nq, nk in ((1, 1), (1, 1000), (7, 63), (63, 64), (64, 65), (65, 257), (257, 
              seqlen_k=nk, head_dim=64, dtype="bf16", causal=causal)
 
 # FA3's tiles: 192 x 128 (d 64; 128 x 128 when causal with Nq < 4096), 128 x
-# 128 (d 128), 128 x 80 (d 256): edges, long pipelines, both d 64 tiles.
+# 128 (d 128; 128 x 176 when unmasked with Nk >= 8192), 128 x 80 (d 256):
+# edges, long pipelines, both tiles of d 64 and of d 128.
 for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
-                  (128, 2048, 2048), (64, 3000, 2500), (64, 4100, 4200)):
+                  (128, 2048, 2048), (128, 1, 8192), (128, 130, 8300), (64, 3000, 2500),
+                  (64, 4100, 4200)):
     for causal in (False, True):
         case(f"gpu_fwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_forward, seqlen_q=nq,
              seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal)
@@ -90,6 +92,8 @@ case("gpu_fwd_softcap", gpu_forward, seqlen_q=170, seqlen_k=190, head_dim=128, s
      amplitude=3.0, dtype="bf16")
 case("gpu_bwd_softcap", gpu_backward, seqlen_q=170, seqlen_k=190, head_dim=128, softcap=5.0,
      amplitude=3.0, dtype="bf16")
+case("gpu_fwd_gqa_long_keys_d128", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=257,
+     seqlen_k=9000, head_dim=128, layout="bhsd", dtype="f16")
 case("gpu_fwd_mqa_bhsd", gpu_forward, batch=2, heads_q=8, heads_kv=1, seqlen_q=129,
      seqlen_k=300, head_dim=128, layout="bhsd", dtype="f16")
 case("gpu_bwd_gqa_padded", gpu_backward, batch=2, heads_q=6, heads_kv=2, seqlen_q=177,
@@ -106,6 +110,8 @@ case("gpu_small_fwd_noncausal", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=200
      head_dim=64, dtype="bf16")
 case("gpu_small_fwd_d256_window", gpu_forward, seqlen_q=70, seqlen_k=90, head_dim=256,
      dtype="f16", window=(20, 3))
+case("gpu_small_fwd_d128_long_keys", gpu_forward, heads_q=2, heads_kv=1, seqlen_q=65,
+     seqlen_k=8200, head_dim=128, dtype="bf16")
 case("gpu_small_bwd", gpu_backward, batch=2, heads_q=4, heads_kv=2, seqlen_q=77, seqlen_k=130,
      head_dim=64, dtype="bf16", causal=True)
 case("gpu_small_bwd_d256", gpu_backward, seqlen_q=70, seqlen_k=90, head_dim=256, dtype="f16")

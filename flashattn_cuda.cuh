@@ -947,6 +947,9 @@ static __device__ __forceinline__ int fa_i_sm90_tile(const fa_params *p, int64_t
     return 1;
 }
 
+/* Which key bounds an FA3 forward key tile must apply (its softmax's mask). */
+enum { FA_I_MASK_HI = 1, FA_I_MASK_LO = 2 };
+
 /* Shared-memory matrix descriptor with the 128-byte swizzle: start, leading
    and stride byte offsets (see the PTX ISA's wgmma section). */
 static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32_t lead,
@@ -2202,25 +2205,35 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_pv)(float *o, const uint3
     fa_i_wgmma_commit();
 }
 
-/* Online softmax of one S tile (keys c0...): softcap, mask, running max and
-   sum; S becomes P = 2^(score - max) in place; alpha gets each row's
-   rescale factor for O. */
+/* Online softmax of one S tile (keys c0...): softcap, mask (FA_I_MASK_HI:
+   keys at or past each row's end; FA_I_MASK_LO: also keys before its start),
+   running max and sum; S becomes P = 2^(score - max) in place; alpha gets
+   each row's rescale factor for O. */
 static __device__ __forceinline__ void FA_I_SNAME(sm90_softmax)(
-    const fa_params *p, float *s, int c0, int masked, const int *lo, const int *hi,
+    const fa_params *p, float *s, int c0, int mask, const int *lo, const int *hi,
     float log2_scale, float *m_run, float *l_run, float *alpha)
 {
     enum { BN = FA_I_SM90_BN };
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, col0 = c0 + 2 * (lane & 3);
     int i, half;
     if (p->softcap > 0.0f)
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] = fa_i_score(p, s[i]);
-    if (masked)
+    /* element i is key col0 + 8 (i / 4) + i % 2 of row half (i / 2) % 2: the
+       compare is against a constant */
+    if (mask & FA_I_MASK_LO) {
+        const int end[2] = {hi[0] - col0, hi[1] - col0}, start[2] = {lo[0] - col0, lo[1] - col0};
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) {
-            const int col = c0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1), r = (i >> 1) & 1;
-            if (col < lo[r] || col >= hi[r]) s[i] = -INFINITY;
+            const int c = 8 * (i >> 2) + (i & 1), r = (i >> 1) & 1;
+            if (c < start[r] || c >= end[r]) s[i] = -INFINITY;
         }
+    } else if (mask) {
+        const int end[2] = {hi[0] - col0, hi[1] - col0};
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i)
+            if (8 * (i >> 2) + (i & 1) >= end[(i >> 1) & 1]) s[i] = -INFINITY;
+    }
 #pragma unroll
     for (half = 0; half < 2; ++half) {
         float mx = -INFINITY, ref, sum = 0.0f;
@@ -2378,7 +2391,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             fa_i_mbar_wait(q_full + 8 * qb, (uint32_t)((k / Q_BUFS) & 1));
 #define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
 #define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
-#define FA_I_MASKED(n) ((n) * BN < all_lo || (n) * BN + BN > all_hi)
+#define FA_I_MASKED(n) \
+    (((n) * BN < all_lo ? FA_I_MASK_LO : 0) | ((n) * BN + BN > all_hi ? FA_I_MASK_HI : 0))
 /* Tile n's scores on their own: S = Q K(n)^T, K's stage released, the
    softmax, O rescaled and P packed (the first tile with the overlap, every
    tile without it). */

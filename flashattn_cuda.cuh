@@ -70,7 +70,9 @@
                      d = 64, 128, 256: query rows (128 or 192), keys, K/V
                      pipeline stages (default: the table below); with 192
                      rows at d = 64 a 128-row tile is built too and runs
-                     causal problems with Nq < 4096
+                     causal problems with Nq < 4096; with the default d = 128
+                     tile a 176-key one is built too and runs unmasked
+                     problems with Nk >= 8192
 
    LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
    strides multiples of 8 elements); heads_q and batch <= 65535. The Hopper

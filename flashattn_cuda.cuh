@@ -19,15 +19,16 @@
                online softmax in base 2 with deferred normalization.
                FA1 (FA_VARIANT 1): the teaching variant, K/V blocks outer,
                O/m/l kept in a global fp32 workspace between them.
-     backward  preprocess D = rowsum(dO * O); one CTA per (key block, kv
-               head, batch) keeps dK, dV in registers and adds dQ into an
-               fp32 workspace with atomics (4-wide vector reductions on
-               sm_90); postprocess converts dQ. Where two warps split d
-               (d >= 160) they also split S^T and dP^T, swapping halves
-               through shared memory.
-               Deterministic mode: the same kernel stamped without dQ (on
-               its own tile), plus a dQ kernel parallel over query blocks
-               (no atomics).
+     backward  preprocess D = rowsum(dO * O); one CTA of 8 warps per (key
+               block, kv head, batch) keeps dK, dV in registers and adds dQ
+               into an fp32 workspace with atomics (4-wide vector reductions
+               on sm_90); its warps tile each of the five products as FA2
+               does, P and dS passing through shared memory between the
+               layouts; postprocess converts dQ.
+               Deterministic mode: a dK/dV kernel whose warps own keys (two
+               warps split d at d >= 160, and S^T and dP^T with it, swapping
+               halves through shared memory), plus a dQ kernel parallel over
+               query blocks (no atomics).
      forward   FA3 (Hopper, built for sm_90a, head dims 64 128 256; runtime
                dispatch picks it on compute capability 9.0): persistent CTAs,
                one per SM, each taking pairs of query tiles. A producer
@@ -187,15 +188,18 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_CAT(a, b) FA_I_CAT2(a, b)
 
 /* Tile table: forward (query rows per CTA, keys per tile, warps; each warp
-   owns rows / warps = 16 or 32 rows); backward dK/dV kernel (keys per CTA,
-   query rows per step, warps splitting the head dim for the dK/dV
-   accumulators, keys per warp: 16 or 32), once with dQ by atomics (BWD) and once
-   without (BWD_DET, the deterministic mode); backward dQ kernel (query
-   rows, keys per tile, warps). Chosen so that the registers hold the
-   accumulators without spills and the shared memory (each row padded by 16
-   bytes: conflict-free ldmatrix) fits in 163 KB (sm_80). The atomic kernel
-   takes 128 keys where it measured faster: half the dQ atomics per key
-   (bench/NOTES.md). */
+   owns rows / warps = 16 or 32 rows); backward in the atomic mode (BWD:
+   keys per CTA, query rows per step, stages of Q (2: the next step's Q
+   loads during this one), and for its 8 warps the warps over the rows of
+   S and dP, over the keys of dK and dV, over the rows of dQ; the rest of
+   the 8 split the other side); backward dK/dV kernel of the deterministic
+   mode (BWD_DET: keys per CTA, query rows per step, warps splitting the
+   head dim for the dK/dV accumulators, keys per warp: 16 or 32); backward
+   dQ kernel (query rows, keys per tile, warps). Chosen so that the
+   registers hold the accumulators without spills and the shared memory
+   (each row padded by 16 bytes: conflict-free ldmatrix) fits in 163 KB
+   (sm_80). The atomic tiles are FlashAttention-2's: 64 x 128 up to d = 128
+   (half the dQ atomics per key of 64 keys), 64 x 64 above (bench/NOTES.md). */
 #define FA_I_FWD_32 128, 128, 4
 #define FA_I_FWD_64 128, 128, 4
 #define FA_I_FWD_96 128, 64, 4
@@ -214,13 +218,13 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_FWD_STAGES_160 2
 #define FA_I_FWD_STAGES_192 2
 #define FA_I_FWD_STAGES_256 1
-#define FA_I_BWD_32 64, 32, 1, 16
-#define FA_I_BWD_64 128, 64, 1, 16
-#define FA_I_BWD_96 64, 32, 1, 16
-#define FA_I_BWD_128 128, 32, 1, 16
-#define FA_I_BWD_160 64, 32, 2, 16
-#define FA_I_BWD_192 64, 32, 2, 16
-#define FA_I_BWD_256 64, 32, 2, 16
+#define FA_I_BWD_32 128, 128, 2, 2, 2, 4, 4
+#define FA_I_BWD_64 128, 128, 1, 1, 2, 4, 4
+#define FA_I_BWD_96 128, 64, 2, 1, 2, 4, 4
+#define FA_I_BWD_128 128, 64, 2, 1, 2, 4, 2
+#define FA_I_BWD_160 64, 64, 2, 1, 4, 4, 4
+#define FA_I_BWD_192 64, 64, 2, 1, 4, 4, 4
+#define FA_I_BWD_256 64, 64, 1, 1, 4, 2, 2
 #define FA_I_BWD_DET_32 64, 32, 1, 16
 #define FA_I_BWD_DET_64 128, 32, 1, 32
 #define FA_I_BWD_DET_96 64, 32, 1, 16
@@ -311,6 +315,14 @@ static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 *
 #define FA_I_B_KPW(a, b, c, d) d
 #define FA_I_B_THREADS(cfg) \
     (32 * FA_I_CFG(cfg, FA_I_B_KEYS) / FA_I_CFG(cfg, FA_I_B_KPW) * FA_I_CFG(cfg, FA_I_B_WD))
+/* Fields of an atomic-mode backward tile (FA_I_BWD_<d>). */
+#define FA_I_BA_KEYS(a, b, c, d, e, f, g) a
+#define FA_I_BA_ROWS(a, b, c, d, e, f, g) b
+#define FA_I_BA_Q_STAGES(a, b, c, d, e, f, g) c
+#define FA_I_BA_DO_STAGES(a, b, c, d, e, f, g) d
+#define FA_I_BA_S_ROW_WARPS(a, b, c, d, e, f, g) e
+#define FA_I_BA_KV_KEY_WARPS(a, b, c, d, e, f, g) f
+#define FA_I_BA_DQ_ROW_WARPS(a, b, c, d, e, f, g) g
 
 #define FA_I_LOG2E_F 1.4426950408889634f
 #define FA_I_LN2_F 0.6931471805599453f
@@ -1536,10 +1548,19 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
     (2 * (FA_I_D + 8) *                                                     \
      (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
 #define FA_I_BWD_SMEM(cfg)                                                                    \
-    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_B_KEYS) + 4 * FA_I_CFG(cfg, FA_I_B_ROWS)) +    \
-          FA_I_CFG(cfg, FA_I_B_KEYS) * (FA_I_CFG(cfg, FA_I_B_ROWS) + 8)) +                     \
+    (2 * (FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_B_KEYS) + 4 * FA_I_CFG(cfg, FA_I_B_ROWS)) +     \
      4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS) +                                                 \
      (FA_I_CFG(cfg, FA_I_B_WD) - 1) * 8 * FA_I_CFG(cfg, FA_I_B_KEYS) * FA_I_CFG(cfg, FA_I_B_ROWS))
+/* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
+   stages the LSE, D and key range. */
+#define FA_I_BWDA_SMEM                                                                        \
+    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_KEYS) +                  \
+                          (FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_Q_STAGES) +                  \
+                           FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_DO_STAGES)) *                \
+                              FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_ROWS)) +                  \
+          2 * FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_ROWS) *                                   \
+              (FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_KEYS) + 8)) +                            \
+     4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_ROWS))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
@@ -1616,11 +1637,10 @@ static_assert(FA_I_SM90_BWD_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 backward
 #define FA_I_SM90_BWD_ENTRY(dt) {0, 0, 0, 0}
 #endif
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
-static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_ATOMIC) <= FA_I_SMEM_MAX,
-              "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_BWDA_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
 static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_DET) <= FA_I_SMEM_MAX,
               "flashattn: backward tile exceeds shared memory");
-static_assert(FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_B_WD) <= 2 && FA_I_CFG(FA_I_BWD_CFG_DET, FA_I_B_WD) <= 2,
+static_assert(FA_I_CFG(FA_I_BWD_CFG_DET, FA_I_B_WD) <= 2,
               "flashattn: backward tiles split the head dim over 1 or 2 warps");
 static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
 
@@ -1639,13 +1659,15 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 #undef FA_I_PASS
 #define FA_I_PASS 1
 
-#define FA_I_BWD_ENTRY(dt, mode, cfg)                                                         \
-    {(const void *)FA_I_NAME(bwd_kv, FA_I_CAT(dt, mode)), FA_I_CFG(cfg, FA_I_B_KEYS),         \
+#define FA_I_BWD_ENTRY(dt, cfg)                                                               \
+    {(const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(cfg, FA_I_B_KEYS),                         \
      FA_I_B_THREADS(cfg), FA_I_BWD_SMEM(cfg)}
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
-     {FA_I_BWD_ENTRY(dt, _dq, FA_I_BWD_CFG_ATOMIC), FA_I_BWD_ENTRY(dt, _nodq, FA_I_BWD_CFG_DET)}, \
+     {{(const void *)FA_I_NAME(bwd_kvq, dt), FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_KEYS), 256,    \
+       FA_I_BWDA_SMEM},                                                                       \
+      FA_I_BWD_ENTRY(dt, FA_I_BWD_CFG_DET)},                                                  \
      (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),                 \
      32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt),          \
      FA_I_SM90_BWD_ENTRY(dt)}
@@ -1686,6 +1708,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #endif
 #undef FA_I_FWD_SMEM
 #undef FA_I_BWD_SMEM
+#undef FA_I_BWDA_SMEM
 #undef FA_I_BWDQ_SMEM
 #undef FA_I_FWD_CFG
 #undef FA_I_FWD_STAGES
@@ -1766,6 +1789,45 @@ static __device__ __forceinline__ void FA_I_NAME(gemm_nt_pair, FA_I_DT)(
                     FA_I_MMA(c2[m * n / 8 + 2 * j], f2[m], g2[0], g2[1]);
                     FA_I_MMA(c2[m * n / 8 + 2 * j + 1], f2[m], g2[2], g2[3]);
                 }
+            }
+        }
+    }
+}
+
+/* c += A B for one warp's tile of 16 mt rows by 16 nt columns, over kdim
+   (a multiple of 16): A from smem as [m][k] (pitch lda) or, if a_km,
+   [k][m]; B as [n][k] (pitch ldb) or, if b_kn, [k][n]; a and b point at the
+   tile's first row and column. c[m * 2 nt + n8] holds rows 16 m.., columns
+   8 n8..; each B fragment feeds 2 mt MMAs, each A fragment 2 nt. */
+static __device__ __forceinline__ void FA_I_NAME(warp_gemm, FA_I_DT)(float (*c)[4], int mt, int nt,
+                                                                    int kdim, const uint16_t *a,
+                                                                    int lda, int a_km,
+                                                                    const uint16_t *b, int ldb,
+                                                                    int b_kn)
+{
+    const int lane = threadIdx.x & 31;
+    int k, m, n;
+#pragma unroll
+    for (k = 0; k < kdim; k += 16) {
+        uint32_t fa[4][4];
+#pragma unroll
+        for (m = 0; m < mt; ++m) {
+            if (a_km)
+                FA_I_LOAD_A_KM(fa[m], a, lda, k, 16 * m);
+            else
+                FA_I_LOAD_A(fa[m], a, lda, 16 * m, k);
+        }
+#pragma unroll
+        for (n = 0; n < nt; ++n) {
+            uint32_t fb[4];
+            if (b_kn)
+                FA_I_LOAD_B_KN(fb, b, ldb, k, 16 * n);
+            else
+                FA_I_LOAD_B_NK(fb, b, ldb, 16 * n, k);
+#pragma unroll
+            for (m = 0; m < mt; ++m) {
+                FA_I_MMA(c[m * 2 * nt + 2 * n], fa[m], fb[0], fb[1]);
+                FA_I_MMA(c[m * 2 * nt + 2 * n + 1], fa[m], fb[2], fb[3]);
             }
         }
     }
@@ -2018,20 +2080,31 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
     FA_I_NAME(bwd_row_facts, FA_I_DT)(p, a, b, h, r0, slse, sdsum, slo, shi, bm, tid, nthreads);
 }
 
-/* The dK/dV kernel twice: with dQ by atomics (its own tile) and without, for
-   the deterministic mode (pass 4). */
+/* A dK/dV kernel's first loads, one commit group: its K and V tiles (bn
+   keys from c0 of kv head hk) and, if it has steps, the first step's query
+   side (bm rows from r0 of the group's first query head). */
+static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
+    const fa_params *p, const fa_i_bwd_args *a, int b, int hk, int c0, int bn, int r0, int steps,
+    uint16_t *sk, uint16_t *sv, uint16_t *sq, uint16_t *sdo, float *slse, float *sdsum, int *slo,
+    int *shi, int bm, int tid, int nthreads)
+{
+    fa_i_async_kv(sk, sv, (const uint16_t *)p->k + fa_i_dev_offset(&p->k_layout, b, hk, 0),
+                  (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0), p, c0, bn,
+                  FA_I_D, FA_I_D + 8, tid, nthreads);
+    if (steps > 0)
+        FA_I_NAME(bwd_rows, FA_I_DT)(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
+                                     sdsum, slo, shi, bm, FA_I_D, FA_I_D + 8, tid, nthreads);
+    fa_i_cp_async_commit();
+}
+
+/* The atomic mode's kernel (pass 6) and the deterministic mode's dK/dV
+   kernel (pass 4). */
+#undef FA_I_PASS
+#define FA_I_PASS 6
+#include "flashattn_cuda.cuh"
 #undef FA_I_PASS
 #define FA_I_PASS 4
-#define FA_I_BWD_DQ 1
-#define FA_I_BWD_CFG FA_I_BWD_CFG_ATOMIC
 #include "flashattn_cuda.cuh"
-#undef FA_I_BWD_DQ
-#undef FA_I_BWD_CFG
-#define FA_I_BWD_DQ 0
-#define FA_I_BWD_CFG FA_I_BWD_CFG_DET
-#include "flashattn_cuda.cuh"
-#undef FA_I_BWD_DQ
-#undef FA_I_BWD_CFG
 #if FA_I_HAS_SM90_BWD /* the FA3 backward: pass 5 */
 #undef FA_I_PASS
 #define FA_I_PASS 5
@@ -2532,12 +2605,11 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 
 /* ======================================================================== */
 #elif FA_I_PASS == 4
-/* The backward dK/dV kernel for one (head dim FA_I_D, dtype FA_I_DT, tile
-   FA_I_BWD_CFG), adding dQ by atomics when FA_I_BWD_DQ is 1 (name suffix
-   _dq, else _nodq). Included from pass 2, whose helpers it uses. */
-#define FA_I_BWD_MODE FA_I_CAT(FA_I_BWD_MODE_, FA_I_BWD_DQ)
-#define FA_I_BWD_MODE_1 _dq
-#define FA_I_BWD_MODE_0 _nodq
+/* The deterministic mode's dK/dV kernel for one (head dim FA_I_D, dtype
+   FA_I_DT), tile FA_I_BWD_CFG_DET: each warp owns KPW keys of the CTA's
+   (and, with WD = 2, half of d); dQ is left to the bwd_q kernel. Included
+   from pass 2, whose helpers it uses. */
+#define FA_I_BWD_CFG FA_I_BWD_CFG_DET
 /* Every element (km, i, j) of a warp's [KM][BM / 8][4] S^T or dP^T tiles,
    and the query row (of the step's BM) that element j of row pair i holds. */
 #define FA_I_EACH_SCORE(km, i, j)                  \
@@ -2546,26 +2618,22 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
     _Pragma("unroll") for (j = 0; j < 4; ++j)
 #define FA_I_SCORE_ROW(i, j) ((i) * 8 + 2 * (lane & 3) + ((j) & 1))
 static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
-    FA_I_NAME(bwd_kv, FA_I_CAT(FA_I_DT, FA_I_BWD_MODE))(const fa_params p, const fa_i_bwd_args a)
+    FA_I_NAME(bwd_kv, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
 {
     enum {
         D = FA_I_D, BN = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), BM = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS),
         WD = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_WD), KPW = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KPW),
         KM = KPW / 16, KW = BN / KPW, NW = KW * WD, NT = 32 * NW,
-        DS = D / WD, LD = D + 8, LDS = BM + 8,
-        /* dQ = dS K: warps as QR row groups x QC column groups of DQC columns */
-        QR = BM / 16,
-        QC = D % (16 * (NW / QR)) == 0 ? NW / QR : D % (16 * (NW / QR / 2)) == 0 ? NW / QR / 2 : 1,
-        DQC = D / QC
+        DS = D / WD, LD = D + 8
     };
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
-    uint16_t *sdo = sq + 2 * BM * LD, *sds = sdo + 2 * BM * LD;
-    float4 *sx = (float4 *)(sds + BN * LDS); /* WD = 2: the pairs' swap, 2 BN BM floats */
+    uint16_t *sdo = sq + 2 * BM * LD;
+    float4 *sx = (float4 *)(sdo + 2 * BM * LD); /* WD = 2: the pairs' swap, 2 BN BM floats */
     float *slse = (float *)(sx + (WD - 1) * BN * BM / 2), *sdsum = slse + 2 * BM;
     int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int kw = warp % KW, wd = warp / KW, qw = warp % QR, cw = warp / QR;
+    const int kw = warp % KW, wd = warp / KW;
     const int has_s = WD == 1 || wd == 0; /* computes S^T (else only dP^T) */
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.heads_q / p.heads_kv;
@@ -2586,15 +2654,10 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
             dk[km][i][0] = dk[km][i][1] = dk[km][i][2] = dk[km][i][3] = dv[km][i][0] =
                 dv[km][i][1] = dv[km][i][2] = dv[km][i][3] = 0.0f;
 
-    fa_i_async_kv(sk, sv, (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0),
-                  (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0), &p, c0, BN, D, LD,
-                  tid, NT);
-    if (steps > 0)
-        FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, hk * group, (first / BM) * BM, sq, sdo, slse, sdsum,
-                                     slo, shi, BM, D, LD, tid, NT);
-    fa_i_cp_async_commit();
+    FA_I_NAME(bwd_first_loads, FA_I_DT)(&p, &a, b, hk, c0, BN, (first / BM) * BM, steps, sk, sv, sq,
+                                        sdo, slse, sdsum, slo, shi, BM, tid, NT);
     for (t = 0; t < steps; ++t) {
-        const int stage = t & 1, h = hk * group + sh, r0 = (first / BM + sb) * BM;
+        const int stage = t & 1, r0 = (first / BM + sb) * BM;
         const uint16_t *sqt = sq + stage * BM * LD, *sdot = sdo + stage * BM * LD;
         const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
         const int *lo = slo + stage * BM, *hi = shi + stage * BM;
@@ -2686,51 +2749,6 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
                 }
             }
         }
-        if (FA_I_BWD_DQ) { /* dQ += dS K, through smem, added to the fp32 accumulator */
-            float dq[DQC / 8][4];
-            if (wd == 0)
-#pragma unroll
-                for (km = 0; km < KM; ++km)
-#pragma unroll
-                    for (i = 0; i < BM / 8; ++i) {
-                        uint16_t *row = sds + (kw * KPW + 16 * km + (lane >> 2)) * LDS + i * 8 +
-                                        2 * (lane & 3);
-                        *(uint32_t *)row = FA_I_PACK(dpt[km][i][0], dpt[km][i][1]);
-                        *(uint32_t *)(row + 8 * LDS) = FA_I_PACK(dpt[km][i][2], dpt[km][i][3]);
-                    }
-            __syncthreads();
-            if (cw < QC) {
-                float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
-#pragma unroll
-                for (i = 0; i < DQC / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-#pragma unroll
-                for (i = 0; i < BN / 16; ++i) {
-                    uint32_t ads[4];
-                    FA_I_LOAD_A_KM(ads, sds, LDS, i * 16, qw * 16);
-#pragma unroll
-                    for (j = 0; j < DQC / 16; ++j) {
-                        uint32_t bk[4];
-                        FA_I_LOAD_B_KN(bk, sk, LD, i * 16, cw * DQC + j * 16);
-                        FA_I_MMA(dq[2 * j], ads, bk[0], bk[1]);
-                        FA_I_MMA(dq[2 * j + 1], ads, bk[2], bk[3]);
-                    }
-                }
-#pragma unroll
-                for (i = 0; i < DQC / 8; ++i) {
-                    /* lanes l, l ^ 1 hold columns c..c+1, c+2..c+3 of rows q0 and
-                       q0 + 8: they swap halves, the even lane adds 4 columns of
-                       row q0, the odd one 4 of row q0 + 8 */
-                    const int odd = lane & 1, row = r0 + qw * 16 + (lane >> 2) + 8 * odd;
-                    const int col = cw * DQC + i * 8 + 2 * (lane & 3) - 2 * odd;
-                    const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[i][0] : dq[i][2], 1);
-                    const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[i][1] : dq[i][3], 1);
-                    if (row < p.seqlen_q)
-                        fa_i_red_add4(acc + (int64_t)row * D + col,
-                                      odd ? make_float4(x, y, dq[i][2], dq[i][3])
-                                          : make_float4(dq[i][0], dq[i][1], x, y));
-                }
-            }
-        }
         FA_I_BWD_ADVANCE(sh, sb, blocks);
     }
     fa_i_cp_async_wait_0();
@@ -2760,9 +2778,7 @@ static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
 }
 #undef FA_I_EACH_SCORE
 #undef FA_I_SCORE_ROW
-#undef FA_I_BWD_MODE
-#undef FA_I_BWD_MODE_1
-#undef FA_I_BWD_MODE_0
+#undef FA_I_BWD_CFG
 
 /* ======================================================================== */
 #elif FA_I_PASS == 5
@@ -3056,4 +3072,199 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_WGMMA_DKV
 #undef FA_I_WGMMA_DQ
 #endif
+
+/* ======================================================================== */
+#elif FA_I_PASS == 6
+/* The backward in the atomic mode for one (head dim FA_I_D, dtype FA_I_DT):
+   one CTA of 8 warps per (BN keys, kv head, batch) keeps dK, dV in
+   registers; each step takes BM query rows of one query head and adds their
+   dQ = dS K into the fp32 accumulator by vector atomics. The warps tile each
+   product as FlashAttention-2 does, so that a fragment read from shared
+   memory feeds several MMAs: S and dP as SW x 8/SW tiles of rows by keys,
+   dV and dK as KW x 8/KW tiles of keys by d, dQ as QW x 8/QW tiles of rows by
+   d; P and dS cross between the layouts through shared memory. Barriers per
+   step: the step's inputs are in, P and dS are written, and where Q or dO
+   has a single stage, a third once it is free: its next load then hides
+   behind the dQ product (double-buffered inputs load a step ahead). */
+/* Async copy of BM rows from r0 of head h of tensor q or dout into smem dst. */
+#define FA_I_BWDA_LOAD(dst, tensor, h, r0)                                                       \
+    fa_i_async_tile(dst, (const uint16_t *)p.tensor + fa_i_dev_offset(&p.tensor##_layout, b, h, 0), \
+                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, LD, tid, NT)
+/* Every element (i, j) of a warp's S or dP tiles, and its row (of the step's
+   BM) and key (from the CTA's first). */
+#define FA_I_EACH_S(i, j)                                      \
+    _Pragma("unroll") for (i = 0; i < SM / 16 * SN / 8; ++i) \
+    _Pragma("unroll") for (j = 0; j < 4; ++j)
+#define FA_I_S_ROW(i, j) (s_row + 16 * ((i) / (SN / 8)) + (lane >> 2) + 8 * ((j) >> 1))
+#define FA_I_S_KEY(i, j) (s_key + 8 * ((i) % (SN / 8)) + 2 * (lane & 3) + ((j) & 1))
+/* A warp's S-shaped tile c into the rows x keys smem tile dst as 16-bit. */
+#define FA_I_STORE_S(dst, c)                                                             \
+    _Pragma("unroll") for (i = 0; i < SM / 16 * SN / 8; ++i)                            \
+    {                                                                                    \
+        const int row_ = FA_I_S_ROW(i, 0), key_ = FA_I_S_KEY(i, 0);                      \
+        *(uint32_t *)((dst) + row_ * LDP + key_) = FA_I_PACK((c)[i][0], (c)[i][1]);       \
+        *(uint32_t *)((dst) + (row_ + 8) * LDP + key_) = FA_I_PACK((c)[i][2], (c)[i][3]); \
+    }
+static __global__ void __launch_bounds__(256, 1)
+    FA_I_NAME(bwd_kvq, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
+{
+#define FA_I_BWDA(field) FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_CAT(FA_I_BA_, field))
+    enum {
+        D = FA_I_D, BN = FA_I_BWDA(KEYS), BM = FA_I_BWDA(ROWS), QS = FA_I_BWDA(Q_STAGES),
+        DOS = FA_I_BWDA(DO_STAGES),
+        SW = FA_I_BWDA(S_ROW_WARPS), KW = FA_I_BWDA(KV_KEY_WARPS), QW = FA_I_BWDA(DQ_ROW_WARPS),
+        NT = 256, LD = D + 8, LDP = BN + 8,
+        SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
+        KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
+        QM = BM / QW, QD = D / (8 / QW)   /* of dQ */
+    };
+#undef FA_I_BWDA
+    static_assert(SM % 16 == 0 && SN % 16 == 0 && KN % 16 == 0 && KD % 16 == 0 && QM % 16 == 0 &&
+                      QD % 16 == 0 && SM <= 64 && KN <= 64 && QM <= 64 && (QS == 1 || QS == 2) &&
+                      (DOS == 1 || DOS == 2),
+                  "flashattn: atomic backward warp tiles are multiples of 16, at most 64 rows");
+    extern __shared__ uint4 fa_i_smem[];
+    uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
+    uint16_t *sdo = sq + QS * BM * LD, *sp = sdo + DOS * BM * LD, *sds = sp + BM * LDP;
+    float *slse = (float *)(sds + BM * LDP), *sdsum = slse + 2 * BM;
+    int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int s_row = warp % SW * SM, s_key = warp / SW * SN; /* the warp's tiles' origins */
+    const int kv_key = warp % KW * KN, kv_col = warp / KW * KD;
+    const int q_row = warp % QW * QM, q_col = warp / QW * QD;
+    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.heads_q / p.heads_kv;
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
+    float dk[KN / 16 * KD / 8][4], dv[KN / 16 * KD / 8][4];
+    int first, last, blocks, steps, t, i, j;
+    int sh = 0, sb = 0; /* step t's head of the group and block */
+
+    fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
+    blocks = first <= last ? last / BM - first / BM + 1 : 0;
+    steps = group * blocks; /* (query head, query block) pairs, in order */
+#pragma unroll
+    for (i = 0; i < KN / 16 * KD / 8; ++i)
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+
+    FA_I_NAME(bwd_first_loads, FA_I_DT)(&p, &a, b, hk, c0, BN, (first / BM) * BM, steps, sk, sv, sq,
+                                        sdo, slse, sdsum, slo, shi, BM, tid, NT);
+    for (t = 0; t < steps; ++t) {
+        const int stage = t & 1, h = hk * group + sh, r0 = (first / BM + sb) * BM;
+        const uint16_t *sqt = sq + (QS == 2 ? stage : 0) * BM * LD;
+        const uint16_t *sdot = sdo + (DOS == 2 ? stage : 0) * BM * LD;
+        const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
+        const int *lo = slo + stage * BM, *hi = shi + stage * BM;
+        int h_next = 0, r_next = 0;
+        /* After this barrier step t is in smem and every warp is done with
+           step t - 1: its P, dS, and the other stage of the inputs. */
+        fa_i_cp_async_wait_0();
+        __syncthreads();
+        if (t + 1 < steps) {
+            fa_i_bwd_step(sh, sb, 1, blocks, hk * group, first / BM, BM, &h_next, &r_next);
+            FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &a, b, h_next, r_next, slse + (stage ^ 1) * BM,
+                                              sdsum + (stage ^ 1) * BM, slo + (stage ^ 1) * BM,
+                                              shi + (stage ^ 1) * BM, BM, tid, NT);
+            if (QS == 2) FA_I_BWDA_LOAD(sq + (stage ^ 1) * BM * LD, q, h_next, r_next);
+            if (DOS == 2) FA_I_BWDA_LOAD(sdo + (stage ^ 1) * BM * LD, dout, h_next, r_next);
+        }
+        fa_i_cp_async_commit();
+        { /* S = Q K^T and dP = dO V^T on this warp's tile, then P and dS to smem */
+            float s[SM / 16 * SN / 8][4], dp[SM / 16 * SN / 8][4];
+            const int masked = FA_I_TILE_MASKED(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN);
+#pragma unroll
+            for (i = 0; i < SM / 16 * SN / 8; ++i)
+                s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+            FA_I_NAME(warp_gemm, FA_I_DT)(s, SM / 16, SN / 16, D, sqt + s_row * LD, LD, 0,
+                                          sk + s_key * LD, LD, 0);
+            /* P before dP's product, so that the exponentials can overlap its
+               MMAs. Softcap and mask are uniform branches around their own
+               loops, so the common loop has neither. */
+            if (p.softcap > 0.0f) FA_I_EACH_S(i, j) s[i][j] = fa_i_score(&p, s[i][j]);
+            if (masked)
+                FA_I_EACH_S(i, j) {
+                    const int row = FA_I_S_ROW(i, j), key = c0 + FA_I_S_KEY(i, j);
+                    if ((key < lo[row]) | (key >= hi[row])) s[i][j] = -INFINITY; /* no branches */
+                }
+            FA_I_EACH_S(i, j) s[i][j] = fa_i_dev_exp2(fmaf(s[i][j], log2_scale, -lse2[FA_I_S_ROW(i, j)]));
+            FA_I_STORE_S(sp, s);
+            FA_I_NAME(warp_gemm, FA_I_DT)(dp, SM / 16, SN / 16, D, sdot + s_row * LD, LD, 0,
+                                          sv + s_key * LD, LD, 0);
+            FA_I_EACH_S(i, j) dp[i][j] = s[i][j] * (dp[i][j] - dsum[FA_I_S_ROW(i, j)]);
+            if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
+                FA_I_EACH_S(i, j) {
+                    const float th = fa_i_capped_tanh(&p, s[i][j], lse2[FA_I_S_ROW(i, j)]);
+                    dp[i][j] *= 1.0f - th * th;
+                }
+            FA_I_STORE_S(sds, dp);
+        }
+        __syncthreads();
+        /* dV += P^T dO, dK += dS^T Q on this warp's keys and columns. A single
+           stage of dO, then of Q, is free after its product: the next step's
+           load goes in behind a barrier and hides behind the rest. */
+        FA_I_NAME(warp_gemm, FA_I_DT)(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot + kv_col, LD, 1);
+        if (DOS == 1 && QS == 2) {
+            __syncthreads();
+            if (t + 1 < steps) FA_I_BWDA_LOAD(sdo, dout, h_next, r_next);
+            fa_i_cp_async_commit();
+        }
+        FA_I_NAME(warp_gemm, FA_I_DT)(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt + kv_col, LD, 1);
+        if (QS == 1) {
+            __syncthreads();
+            if (t + 1 < steps) {
+                FA_I_BWDA_LOAD(sq, q, h_next, r_next);
+                if (DOS == 1) FA_I_BWDA_LOAD(sdo, dout, h_next, r_next);
+            }
+            fa_i_cp_async_commit();
+        }
+        { /* dQ += dS K on this warp's rows and columns */
+            float dq[QM / 16 * QD / 8][4];
+            float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
+#pragma unroll
+            for (i = 0; i < QM / 16 * QD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+            FA_I_NAME(warp_gemm, FA_I_DT)(dq, QM / 16, QD / 16, BN, sds + q_row * LDP, LDP, 0,
+                                          sk + q_col, LD, 1);
+#pragma unroll
+            for (i = 0; i < QM / 16 * QD / 8; ++i) {
+                /* lanes l, l ^ 1 hold columns c..c+1, c+2..c+3 of rows q0 and
+                   q0 + 8: they swap halves, the even lane adds 4 columns of
+                   row q0, the odd one 4 of row q0 + 8 */
+                const int odd = lane & 1;
+                const int row = r0 + q_row + 16 * (i / (QD / 8)) + (lane >> 2) + 8 * odd;
+                const int col = q_col + 8 * (i % (QD / 8)) + 2 * (lane & 3) - 2 * odd;
+                const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[i][0] : dq[i][2], 1);
+                const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[i][1] : dq[i][3], 1);
+                if (row < p.seqlen_q)
+                    fa_i_red_add4(acc + (int64_t)row * D + col,
+                                  odd ? make_float4(x, y, dq[i][2], dq[i][3])
+                                      : make_float4(dq[i][0], dq[i][1], x, y));
+            }
+        }
+        FA_I_BWD_ADVANCE(sh, sb, blocks);
+    }
+    fa_i_cp_async_wait_0();
+    {
+        uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
+        uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
+#pragma unroll
+        for (i = 0; i < KN / 16 * KD / 8; ++i) {
+            const int key0 = c0 + kv_key + 16 * (i / (KD / 8)) + (lane >> 2), key1 = key0 + 8;
+            const int col = kv_col + 8 * (i % (KD / 8)) + 2 * (lane & 3);
+            if (key0 < p.seqlen_k) {
+                *(uint32_t *)(gdk + (int64_t)key0 * p.dk_layout.seq + col) =
+                    FA_I_PACK(dk[i][0] * p.scale, dk[i][1] * p.scale);
+                *(uint32_t *)(gdv + (int64_t)key0 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][0], dv[i][1]);
+            }
+            if (key1 < p.seqlen_k) {
+                *(uint32_t *)(gdk + (int64_t)key1 * p.dk_layout.seq + col) =
+                    FA_I_PACK(dk[i][2] * p.scale, dk[i][3] * p.scale);
+                *(uint32_t *)(gdv + (int64_t)key1 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][2], dv[i][3]);
+            }
+        }
+    }
+}
+#undef FA_I_EACH_S
+#undef FA_I_S_ROW
+#undef FA_I_S_KEY
+#undef FA_I_STORE_S
+#undef FA_I_BWDA_LOAD
 #endif

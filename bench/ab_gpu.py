@@ -1,4 +1,4 @@
-"""Same-process A/B of forward builds (`--extra`-style shims of tests/shim_cuda.cu):
+"""Same-process A/B of forward (or, with --bwd, backward) builds (`--extra`-style shims of tests/shim_cuda.cu):
 each configuration's forward is timed in alternating rounds (build A, build B,
 ..., cuDNN; ROUNDS rounds of a REPS-run CUDA-event median each) so that clock
 and power drift land on every build alike. Repeats to about ±1% on most rows,
@@ -6,8 +6,10 @@ where bench_gpu.py's --extra columns (one block of runs per build) drifted by
 up to 14% (bench/NOTES.md, f7). Every build's output is checked against
 PyTorch's flash backend before timing.
 
-Usage: python3 bench/ab_gpu.py "d,n,causal;d,n,causal..." NAME=path/to/shim.so ...
-The first build is the reference; ratios are to it. Sweep shapes as in
+Usage: python3 bench/ab_gpu.py [--bwd] "d,n,causal;d,n,causal..." NAME=path/to/shim.so ...
+The first build is the reference; ratios are to it. The peer is cuDNN's
+forward, or with --bwd PyTorch flash's backward (builds with FA_SM90=0 time
+the FA2 backward). Sweep shapes as in
 bench_gpu.py (B = 16384 / n, H = 2048 / d, bf16)."""
 import os
 import statistics
@@ -27,9 +29,12 @@ ROUNDS, REPS = 7, 15
 
 
 def main():
-    configs = [tuple(int(x) for x in c.split(",")) for c in sys.argv[1].split(";")]
+    args = sys.argv[1:]
+    bwd = args[0] == "--bwd"
+    args = args[1:] if bwd else args
+    configs = [tuple(int(x) for x in c.split(",")) for c in args[0].split(";")]
     builds = [(spec.split("=")[0], fa.load_gpu(os.path.abspath(spec.split("=")[1])))
-              for spec in sys.argv[2:]]
+              for spec in args[1:]]
     for d, n, causal in configs:
         causal = bool(causal)
         b, h = max(1, 16384 // n), 2048 // d
@@ -37,7 +42,14 @@ def main():
                          for _ in range(4))
         o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
         lse = torch.empty(b, h, n, device="cuda", dtype=torch.float32)
-        ref = bg.peer(SDPBackend.FLASH_ATTENTION, q, k, v, dout, causal)[2].float()
+        flash = bg.peer(SDPBackend.FLASH_ATTENTION, q, k, v, dout, causal)
+        ref = flash[2].float()
+        if bwd:
+            qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+            with bg.sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                out = bg.F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            grads = torch.autograd.grad(out, (qt, kt, vt), dout.transpose(1, 2))
+            ref_grads = [g.transpose(1, 2).float() for g in grads]
         fns = {}
         for name, lib in builds:
             impl = bg.Ours(q, k, v, o, lse, dout, dq, dk, dv, causal, lib)
@@ -49,14 +61,26 @@ def main():
             err = ((o.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, f"{name}: d={d} N={n} causal={causal}: error {err:.3g}"
             fns[name] = impl.forward
-        cudnn = bg.peer(SDPBackend.CUDNN_ATTENTION, q, k, v, dout, causal)
-        if cudnn:
-            fns["cudnn"] = cudnn[0]
+            if bwd:
+                for g in (dq, dk, dv):
+                    g.fill_(float("nan"))
+                impl.backward()
+                torch.cuda.synchronize()
+                for g, r, what in zip((dq, dk, dv), ref_grads, ("dq", "dk", "dv")):
+                    err = ((g.float() - r).norm() / r.norm()).item()
+                    assert err < 2e-2, f"{name}: d={d} N={n} causal={causal}: {what} error {err:.3g}"
+                fns[name] = impl.backward
+        if bwd:
+            fns["flash"] = flash[1]
+        else:
+            cudnn = bg.peer(SDPBackend.CUDNN_ATTENTION, q, k, v, dout, causal)
+            if cudnn:
+                fns["cudnn"] = cudnn[0]
         times = {name: [] for name in fns}
         for _ in range(ROUNDS):
             for name, fn in fns.items():
                 times[name].append(bg.median_ms(fn, REPS))
-        flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
+        flops = 4.0 * b * h * n * n * d / (2 if causal else 1) * (2.5 if bwd else 1)
         first = statistics.median(next(iter(times.values())))
         line = f"d{d} N{n} causal{int(causal)}:"
         for name, ts in times.items():

@@ -25,10 +25,8 @@
                on sm_90); its warps tile each of the five products as FA2
                does, P and dS passing through shared memory between the
                layouts; postprocess converts dQ.
-               Deterministic mode: a dK/dV kernel whose warps own keys (two
-               warps split d at d >= 160, and S^T and dP^T with it, swapping
-               halves through shared memory), plus a dQ kernel parallel over
-               query blocks (no atomics).
+               Deterministic mode: the same kernel stamped without dQ, plus
+               a dQ kernel parallel over query blocks (no atomics).
      forward   FA3 (Hopper, built for sm_90a, head dims 64 128 256; runtime
                dispatch picks it on compute capability 9.0): persistent CTAs,
                one per SM, each taking pairs of query tiles. A producer
@@ -188,18 +186,17 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_CAT(a, b) FA_I_CAT2(a, b)
 
 /* Tile table: forward (query rows per CTA, keys per tile, warps; each warp
-   owns rows / warps = 16 or 32 rows); backward in the atomic mode (BWD:
-   keys per CTA, query rows per step, stages of Q (2: the next step's Q
-   loads during this one), and for its 8 warps the warps over the rows of
-   S and dP, over the keys of dK and dV, over the rows of dQ; the rest of
-   the 8 split the other side); backward dK/dV kernel of the deterministic
-   mode (BWD_DET: keys per CTA, query rows per step, warps splitting the
-   head dim for the dK/dV accumulators, keys per warp: 16 or 32); backward
-   dQ kernel (query rows, keys per tile, warps). Chosen so that the
-   registers hold the accumulators without spills and the shared memory
+   owns rows / warps = 16 or 32 rows); backward dK/dV kernel, both modes
+   (BWD: keys per CTA, query rows per step, stages of Q and of dO (2: the
+   next step's rows load during this one), and for its 8 warps the warps
+   over the rows of S and dP, over the keys of dK and dV, over the rows of
+   dQ, the rest of the 8 splitting the other side); backward dQ kernel of
+   the deterministic mode (query rows, keys per tile, warps). Chosen so that
+   the registers hold the accumulators without spills and the shared memory
    (each row padded by 16 bytes: conflict-free ldmatrix) fits in 163 KB
-   (sm_80). The atomic tiles are FlashAttention-2's: 64 x 128 up to d = 128
-   (half the dQ atomics per key of 64 keys), 64 x 64 above (bench/NOTES.md). */
+   (sm_80). The backward's tiles are FlashAttention-2's, 64 x 128 up to
+   d = 128 and 64 x 64 above, but for 128 x 128 at d = 32, 64 (measured
+   faster, bench/NOTES.md v10). */
 #define FA_I_FWD_32 128, 128, 4
 #define FA_I_FWD_64 128, 128, 4
 #define FA_I_FWD_96 128, 64, 4
@@ -225,13 +222,6 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWD_160 64, 64, 2, 1, 4, 4, 4
 #define FA_I_BWD_192 64, 64, 2, 1, 4, 4, 4
 #define FA_I_BWD_256 64, 64, 1, 1, 4, 2, 2
-#define FA_I_BWD_DET_32 64, 32, 1, 16
-#define FA_I_BWD_DET_64 128, 32, 1, 32
-#define FA_I_BWD_DET_96 64, 32, 1, 16
-#define FA_I_BWD_DET_128 64, 32, 1, 16
-#define FA_I_BWD_DET_160 64, 32, 2, 16
-#define FA_I_BWD_DET_192 64, 32, 2, 16
-#define FA_I_BWD_DET_256 64, 32, 2, 16
 #define FA_I_BWDQ_32 64, 64, 4
 #define FA_I_BWDQ_64 64, 64, 4
 #define FA_I_BWDQ_96 64, 64, 4
@@ -305,24 +295,14 @@ static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 *
 #define FA_I_SECOND(a, b, c) b
 #define FA_I_THIRD(a, b, c) c
 #define FA_I_APPLY(f, args) f args
-/* Fields of a backward dK/dV tile: keys per CTA, query rows per step, warps
-   over the head dim (WD: 1, or 2 where a warp pair shares its keys: one
-   computes S^T, the other dP^T, and they swap P^T and dP^T - D through smem),
-   keys per warp. */
-#define FA_I_B_KEYS(a, b, c, d) a
-#define FA_I_B_ROWS(a, b, c, d) b
-#define FA_I_B_WD(a, b, c, d) c
-#define FA_I_B_KPW(a, b, c, d) d
-#define FA_I_B_THREADS(cfg) \
-    (32 * FA_I_CFG(cfg, FA_I_B_KEYS) / FA_I_CFG(cfg, FA_I_B_KPW) * FA_I_CFG(cfg, FA_I_B_WD))
-/* Fields of an atomic-mode backward tile (FA_I_BWD_<d>). */
-#define FA_I_BA_KEYS(a, b, c, d, e, f, g) a
-#define FA_I_BA_ROWS(a, b, c, d, e, f, g) b
-#define FA_I_BA_Q_STAGES(a, b, c, d, e, f, g) c
-#define FA_I_BA_DO_STAGES(a, b, c, d, e, f, g) d
-#define FA_I_BA_S_ROW_WARPS(a, b, c, d, e, f, g) e
-#define FA_I_BA_KV_KEY_WARPS(a, b, c, d, e, f, g) f
-#define FA_I_BA_DQ_ROW_WARPS(a, b, c, d, e, f, g) g
+/* Fields of a backward dK/dV tile (FA_I_BWD_<d>). */
+#define FA_I_B_KEYS(a, b, c, d, e, f, g) a
+#define FA_I_B_ROWS(a, b, c, d, e, f, g) b
+#define FA_I_B_Q_STAGES(a, b, c, d, e, f, g) c
+#define FA_I_B_DO_STAGES(a, b, c, d, e, f, g) d
+#define FA_I_B_S_ROW_WARPS(a, b, c, d, e, f, g) e
+#define FA_I_B_KV_KEY_WARPS(a, b, c, d, e, f, g) f
+#define FA_I_B_DQ_ROW_WARPS(a, b, c, d, e, f, g) g
 
 #define FA_I_LOG2E_F 1.4426950408889634f
 #define FA_I_LN2_F 0.6931471805599453f
@@ -1539,28 +1519,23 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #else
 #define FA_I_FWD_STAGES FA_I_CAT(FA_I_FWD_STAGES_, FA_I_D)
 #endif
-#define FA_I_BWD_CFG_ATOMIC (FA_I_CAT(FA_I_BWD_, FA_I_D))
-#define FA_I_BWD_CFG_DET (FA_I_CAT(FA_I_BWD_DET_, FA_I_D))
+#define FA_I_BWD_CFG (FA_I_CAT(FA_I_BWD_, FA_I_D))
 #define FA_I_BWDQ_CFG (FA_I_CAT(FA_I_BWDQ_, FA_I_D))
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
 /* Shared memory of each kernel in bytes (16-bit rows padded by 8 elements). */
 #define FA_I_FWD_SMEM                                                       \
     (2 * (FA_I_D + 8) *                                                     \
      (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
-#define FA_I_BWD_SMEM(cfg)                                                                    \
-    (2 * (FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_B_KEYS) + 4 * FA_I_CFG(cfg, FA_I_B_ROWS)) +     \
-     4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS) +                                                 \
-     (FA_I_CFG(cfg, FA_I_B_WD) - 1) * 8 * FA_I_CFG(cfg, FA_I_B_KEYS) * FA_I_CFG(cfg, FA_I_B_ROWS))
 /* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
    stages the LSE, D and key range. */
-#define FA_I_BWDA_SMEM                                                                        \
-    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_KEYS) +                  \
-                          (FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_Q_STAGES) +                  \
-                           FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_DO_STAGES)) *                \
-                              FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_ROWS)) +                  \
-          2 * FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_ROWS) *                                   \
-              (FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_KEYS) + 8)) +                            \
-     4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_ROWS))
+#define FA_I_BWD_SMEM                                                                        \
+    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) +                  \
+                          (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_Q_STAGES) +                  \
+                           FA_I_CFG(FA_I_BWD_CFG, FA_I_B_DO_STAGES)) *                \
+                              FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS)) +                  \
+          2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS) *                                   \
+              (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) + 8)) +                            \
+     4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
@@ -1637,11 +1612,7 @@ static_assert(FA_I_SM90_BWD_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 backward
 #define FA_I_SM90_BWD_ENTRY(dt) {0, 0, 0, 0}
 #endif
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
-static_assert(FA_I_BWDA_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
-static_assert(FA_I_BWD_SMEM(FA_I_BWD_CFG_DET) <= FA_I_SMEM_MAX,
-              "flashattn: backward tile exceeds shared memory");
-static_assert(FA_I_CFG(FA_I_BWD_CFG_DET, FA_I_B_WD) <= 2,
-              "flashattn: backward tiles split the head dim over 1 or 2 warps");
+static_assert(FA_I_BWD_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
 static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
 
 #undef FA_I_PASS
@@ -1659,15 +1630,13 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 #undef FA_I_PASS
 #define FA_I_PASS 1
 
-#define FA_I_BWD_ENTRY(dt, cfg)                                                               \
-    {(const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(cfg, FA_I_B_KEYS),                         \
-     FA_I_B_THREADS(cfg), FA_I_BWD_SMEM(cfg)}
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
-     {{(const void *)FA_I_NAME(bwd_kvq, dt), FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_BA_KEYS), 256,    \
-       FA_I_BWDA_SMEM},                                                                       \
-      FA_I_BWD_ENTRY(dt, FA_I_BWD_CFG_DET)},                                                  \
+     {{(const void *)FA_I_NAME(bwd_kvq, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), 256,           \
+       FA_I_BWD_SMEM},                                                                       \
+      {(const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), 256,            \
+       FA_I_BWD_SMEM}},                                                                      \
      (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),                 \
      32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt),          \
      FA_I_SM90_BWD_ENTRY(dt)}
@@ -1684,7 +1653,6 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #endif
 };
 #undef FA_I_ENTRY
-#undef FA_I_BWD_ENTRY
 #undef FA_I_SM90_ENTRIES
 #undef FA_I_HAS_SM90
 #undef FA_I_SM90_BWD_ENTRY
@@ -1708,12 +1676,10 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #endif
 #undef FA_I_FWD_SMEM
 #undef FA_I_BWD_SMEM
-#undef FA_I_BWDA_SMEM
 #undef FA_I_BWDQ_SMEM
 #undef FA_I_FWD_CFG
 #undef FA_I_FWD_STAGES
-#undef FA_I_BWD_CFG_ATOMIC
-#undef FA_I_BWD_CFG_DET
+#undef FA_I_BWD_CFG
 #undef FA_I_BWDQ_CFG
 #undef FA_I_CFG
 #undef FA_I_NAME
@@ -1751,48 +1717,6 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
         frag[2] = FA_I_PACK(acc[2 * (kk) + 1][0], acc[2 * (kk) + 1][1]); \
         frag[3] = FA_I_PACK(acc[2 * (kk) + 1][2], acc[2 * (kk) + 1][3]); \
     } while (0)
-
-/* The backward's two score products, sharing one k loop over the head dim:
-   c1 = a1 b1^T and, if `both`, c2 = a2 b2^T (accumulators [mt * n / 8][4],
-   zeroed here; row tile m at [m * n / 8]) for the 16 * mt (1 or 2) rows from
-   r0 of the smem tiles a1, a2 and the n rows of b1, b2, all with pitch d + 8.
-   Each B fragment feeds 2 * mt MMAs. S and dP, or S^T and dP^T, come from it. */
-static __device__ __forceinline__ void FA_I_NAME(gemm_nt_pair, FA_I_DT)(
-    float (*c1)[4], float (*c2)[4], const uint16_t *a1, const uint16_t *a2, int r0, int mt,
-    const uint16_t *b1, const uint16_t *b2, int n, int both)
-{
-    const int lane = threadIdx.x & 31, ld = FA_I_D + 8;
-    int i, j, m;
-#pragma unroll
-    for (i = 0; i < mt * n / 8; ++i) {
-        c1[i][0] = c1[i][1] = c1[i][2] = c1[i][3] = 0.0f;
-        if (both) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.0f;
-    }
-#pragma unroll
-    for (i = 0; i < FA_I_D / 16; ++i) {
-        uint32_t f1[2][4], f2[2][4];
-#pragma unroll
-        for (m = 0; m < mt; ++m) {
-            FA_I_LOAD_A(f1[m], a1, ld, r0 + 16 * m, i * 16);
-            if (both) FA_I_LOAD_A(f2[m], a2, ld, r0 + 16 * m, i * 16);
-        }
-#pragma unroll
-        for (j = 0; j < n / 16; ++j) {
-            uint32_t g1[4], g2[4];
-            FA_I_LOAD_B_NK(g1, b1, ld, j * 16, i * 16);
-            if (both) FA_I_LOAD_B_NK(g2, b2, ld, j * 16, i * 16);
-#pragma unroll
-            for (m = 0; m < mt; ++m) {
-                FA_I_MMA(c1[m * n / 8 + 2 * j], f1[m], g1[0], g1[1]);
-                FA_I_MMA(c1[m * n / 8 + 2 * j + 1], f1[m], g1[2], g1[3]);
-                if (both) {
-                    FA_I_MMA(c2[m * n / 8 + 2 * j], f2[m], g2[0], g2[1]);
-                    FA_I_MMA(c2[m * n / 8 + 2 * j + 1], f2[m], g2[2], g2[3]);
-                }
-            }
-        }
-    }
-}
 
 /* c += A B for one warp's tile of 16 mt rows by 16 nt columns, over kdim
    (a multiple of 16): A from smem as [m][k] (pitch lda) or, if a_km,
@@ -2097,14 +2021,16 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
     fa_i_cp_async_commit();
 }
 
-/* The atomic mode's kernel (pass 6) and the deterministic mode's dK/dV
-   kernel (pass 4). */
+/* The backward's dK/dV kernel twice (pass 6): adding dQ by atomics, and
+   without dQ for the deterministic mode. */
 #undef FA_I_PASS
 #define FA_I_PASS 6
+#define FA_I_BWD_DQ 1
 #include "flashattn_cuda.cuh"
-#undef FA_I_PASS
-#define FA_I_PASS 4
+#undef FA_I_BWD_DQ
+#define FA_I_BWD_DQ 0
 #include "flashattn_cuda.cuh"
+#undef FA_I_BWD_DQ
 #if FA_I_HAS_SM90_BWD /* the FA3 backward: pass 5 */
 #undef FA_I_PASS
 #define FA_I_PASS 5
@@ -2166,7 +2092,11 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         }
         fa_i_cp_async_commit();
         /* S = Q K^T, dP = dO V^T */
-        FA_I_NAME(gemm_nt_pair, FA_I_DT)(s, dp, sq, sdo, warp * 16, 1, skt, svt, BN, 1);
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        FA_I_NAME(warp_gemm, FA_I_DT)(s, 1, BN / 16, D, sq + warp * 16 * LD, LD, 0, skt, LD, 0);
+        FA_I_NAME(warp_gemm, FA_I_DT)(dp, 1, BN / 16, D, sdo + warp * 16 * LD, LD, 0, svt, LD, 0);
         /* dS = P (dP - D), with softcap and mask in their own uniform branches. */
         if (p.softcap > 0.0f)
 #pragma unroll
@@ -2604,183 +2534,6 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #undef FA_I_SNAME
 
 /* ======================================================================== */
-#elif FA_I_PASS == 4
-/* The deterministic mode's dK/dV kernel for one (head dim FA_I_D, dtype
-   FA_I_DT), tile FA_I_BWD_CFG_DET: each warp owns KPW keys of the CTA's
-   (and, with WD = 2, half of d); dQ is left to the bwd_q kernel. Included
-   from pass 2, whose helpers it uses. */
-#define FA_I_BWD_CFG FA_I_BWD_CFG_DET
-/* Every element (km, i, j) of a warp's [KM][BM / 8][4] S^T or dP^T tiles,
-   and the query row (of the step's BM) that element j of row pair i holds. */
-#define FA_I_EACH_SCORE(km, i, j)                  \
-    _Pragma("unroll") for (km = 0; km < KM; ++km) \
-    _Pragma("unroll") for (i = 0; i < BM / 8; ++i) \
-    _Pragma("unroll") for (j = 0; j < 4; ++j)
-#define FA_I_SCORE_ROW(i, j) ((i) * 8 + 2 * (lane & 3) + ((j) & 1))
-static __global__ void __launch_bounds__(FA_I_B_THREADS(FA_I_BWD_CFG))
-    FA_I_NAME(bwd_kv, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
-{
-    enum {
-        D = FA_I_D, BN = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), BM = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS),
-        WD = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_WD), KPW = FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KPW),
-        KM = KPW / 16, KW = BN / KPW, NW = KW * WD, NT = 32 * NW,
-        DS = D / WD, LD = D + 8
-    };
-    extern __shared__ uint4 fa_i_smem[];
-    uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
-    uint16_t *sdo = sq + 2 * BM * LD;
-    float4 *sx = (float4 *)(sdo + 2 * BM * LD); /* WD = 2: the pairs' swap, 2 BN BM floats */
-    float *slse = (float *)(sx + (WD - 1) * BN * BM / 2), *sdsum = slse + 2 * BM;
-    int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int kw = warp % KW, wd = warp / KW;
-    const int has_s = WD == 1 || wd == 0; /* computes S^T (else only dP^T) */
-    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
-    const int group = p.heads_q / p.heads_kv;
-    /* this thread's keys: kbase + 16 km + 8 e for key tile km, half e */
-    const int kbase = c0 + kw * KPW + (lane >> 2);
-    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-    float dk[KM][DS / 8][4], dv[KM][DS / 8][4];
-    int first, last, blocks, steps, t, i, j, km;
-    int sh = 0, sb = 0; /* step t's head of the group and block */
-
-    fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
-    blocks = first <= last ? last / BM - first / BM + 1 : 0;
-    steps = group * blocks; /* (query head, query block) pairs, in order */
-#pragma unroll
-    for (km = 0; km < KM; ++km)
-#pragma unroll
-        for (i = 0; i < DS / 8; ++i)
-            dk[km][i][0] = dk[km][i][1] = dk[km][i][2] = dk[km][i][3] = dv[km][i][0] =
-                dv[km][i][1] = dv[km][i][2] = dv[km][i][3] = 0.0f;
-
-    FA_I_NAME(bwd_first_loads, FA_I_DT)(&p, &a, b, hk, c0, BN, (first / BM) * BM, steps, sk, sv, sq,
-                                        sdo, slse, sdsum, slo, shi, BM, tid, NT);
-    for (t = 0; t < steps; ++t) {
-        const int stage = t & 1, r0 = (first / BM + sb) * BM;
-        const uint16_t *sqt = sq + stage * BM * LD, *sdot = sdo + stage * BM * LD;
-        const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
-        const int *lo = slo + stage * BM, *hi = shi + stage * BM;
-        float st[KM][BM / 8][4], dpt[KM][BM / 8][4];
-        /* One barrier per step: after it, step t is in smem for everyone and
-           every warp is done with step t - 1 (its stage and dS^T), so the
-           prefetch of step t + 1 may overwrite that stage. */
-        fa_i_cp_async_wait_0();
-        __syncthreads();
-        if (t + 1 < steps) {
-            int h_next, r_next;
-            fa_i_bwd_step(sh, sb, 1, blocks, hk * group, first / BM, BM, &h_next, &r_next);
-            FA_I_NAME(bwd_rows, FA_I_DT)(&p, &a, b, h_next, r_next, sq + (stage ^ 1) * BM * LD,
-                                         sdo + (stage ^ 1) * BM * LD,
-                                         slse + (stage ^ 1) * BM, sdsum + (stage ^ 1) * BM,
-                                         slo + (stage ^ 1) * BM, shi + (stage ^ 1) * BM, BM, D, LD,
-                                         tid, NT);
-        }
-        fa_i_cp_async_commit();
-        /* S^T = K Q^T and dP^T = V dO^T for this warp's keys; with WD = 2 the
-           warp pair of these keys splits them, each product landing in st. */
-        FA_I_NAME(gemm_nt_pair, FA_I_DT)(st[0], dpt[0], has_s ? sk : sv, sv, kw * KPW, KM,
-                                         has_s ? sqt : sdot, sdot, BM, WD == 1);
-        /* P^T, dP^T - D, then dS^T = P^T (dP^T - D). Softcap and mask are
-           uniform branches around their own loops, so the common loop has
-           neither. */
-        if (has_s && p.softcap > 0.0f)
-            FA_I_EACH_SCORE(km, i, j) st[km][i][j] = fa_i_score(&p, st[km][i][j]);
-        if (has_s && FA_I_TILE_MASKED(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN))
-            FA_I_EACH_SCORE(km, i, j) {
-                const int r = FA_I_SCORE_ROW(i, j), key = kbase + 16 * km + (j < 2 ? 0 : 8);
-                if (key < lo[r] || key >= hi[r]) st[km][i][j] = -INFINITY;
-            }
-        FA_I_EACH_SCORE(km, i, j) {
-            const int r = FA_I_SCORE_ROW(i, j);
-            if (has_s) st[km][i][j] = fa_i_dev_exp2(fmaf(st[km][i][j], log2_scale, -lse2[r]));
-            if (WD == 1)
-                dpt[km][i][j] -= dsum[r];
-            else if (!has_s)
-                st[km][i][j] -= dsum[r];
-        }
-        if (WD == 2) { /* the pair swaps st (P^T one way, dP^T - D the other) into dpt */
-            float4 *mine = sx + warp * (KM * BM / 8 * 32) + lane;
-            const float4 *theirs = sx + (has_s ? warp + KW : warp - KW) * (KM * BM / 8 * 32) + lane;
-#pragma unroll
-            for (km = 0; km < KM; ++km)
-#pragma unroll
-                for (i = 0; i < BM / 8; ++i)
-                    mine[(km * BM / 8 + i) * 32] =
-                        make_float4(st[km][i][0], st[km][i][1], st[km][i][2], st[km][i][3]);
-            fa_i_named_sync(1 + kw, 64);
-#pragma unroll
-            for (km = 0; km < KM; ++km)
-#pragma unroll
-                for (i = 0; i < BM / 8; ++i) {
-                    const float4 v = theirs[(km * BM / 8 + i) * 32];
-                    dpt[km][i][0] = v.x, dpt[km][i][1] = v.y, dpt[km][i][2] = v.z, dpt[km][i][3] = v.w;
-                }
-        }
-        FA_I_EACH_SCORE(km, i, j) { /* then st = P^T, dpt = dS^T */
-            const float ds = st[km][i][j] * dpt[km][i][j];
-            if (!has_s) st[km][i][j] = dpt[km][i][j];
-            dpt[km][i][j] = ds;
-        }
-        if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
-            FA_I_EACH_SCORE(km, i, j) {
-                const float th = fa_i_capped_tanh(&p, st[km][i][j], lse2[FA_I_SCORE_ROW(i, j)]);
-                dpt[km][i][j] *= 1.0f - th * th;
-            }
-#pragma unroll
-        for (i = 0; i < BM / 16; ++i) { /* dV += P^T dO, dK += dS^T Q on this warp's d slice */
-            uint32_t ap[KM][4], ads[KM][4];
-#pragma unroll
-            for (km = 0; km < KM; ++km) {
-                FA_I_ACC_AS_A(ap[km], st[km], i);
-                FA_I_ACC_AS_A(ads[km], dpt[km], i);
-            }
-#pragma unroll
-            for (j = 0; j < DS / 16; ++j) { /* each dO and Q fragment feeds 4 KM MMAs */
-                uint32_t bo[4], bq[4];
-                FA_I_LOAD_B_KN(bo, sdot, LD, i * 16, wd * DS + j * 16);
-                FA_I_LOAD_B_KN(bq, sqt, LD, i * 16, wd * DS + j * 16);
-#pragma unroll
-                for (km = 0; km < KM; ++km) {
-                    FA_I_MMA(dv[km][2 * j], ap[km], bo[0], bo[1]);
-                    FA_I_MMA(dv[km][2 * j + 1], ap[km], bo[2], bo[3]);
-                    FA_I_MMA(dk[km][2 * j], ads[km], bq[0], bq[1]);
-                    FA_I_MMA(dk[km][2 * j + 1], ads[km], bq[2], bq[3]);
-                }
-            }
-        }
-        FA_I_BWD_ADVANCE(sh, sb, blocks);
-    }
-    fa_i_cp_async_wait_0();
-    {
-        uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
-        uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
-#pragma unroll
-        for (km = 0; km < KM; ++km)
-#pragma unroll
-            for (i = 0; i < DS / 8; ++i) {
-                const int col = wd * DS + i * 8 + 2 * (lane & 3), key0 = kbase + 16 * km;
-                const int key1 = key0 + 8;
-                if (key0 < p.seqlen_k) {
-                    *(uint32_t *)(gdk + key0 * p.dk_layout.seq + col) =
-                        FA_I_PACK(dk[km][i][0] * p.scale, dk[km][i][1] * p.scale);
-                    *(uint32_t *)(gdv + key0 * p.dv_layout.seq + col) =
-                        FA_I_PACK(dv[km][i][0], dv[km][i][1]);
-                }
-                if (key1 < p.seqlen_k) {
-                    *(uint32_t *)(gdk + key1 * p.dk_layout.seq + col) =
-                        FA_I_PACK(dk[km][i][2] * p.scale, dk[km][i][3] * p.scale);
-                    *(uint32_t *)(gdv + key1 * p.dv_layout.seq + col) =
-                        FA_I_PACK(dv[km][i][2], dv[km][i][3]);
-                }
-            }
-    }
-}
-#undef FA_I_EACH_SCORE
-#undef FA_I_SCORE_ROW
-#undef FA_I_BWD_CFG
-
-/* ======================================================================== */
 #elif FA_I_PASS == 5
 /* The FA3 backward for one (head dim FA_I_D, dtype FA_I_DT), dQ by bulk
    reduce-adds (the atomic mode). Included from pass 2, whose helpers it uses.
@@ -3075,19 +2828,22 @@ static __global__ void __launch_bounds__(256, 1)
 
 /* ======================================================================== */
 #elif FA_I_PASS == 6
-/* The backward in the atomic mode for one (head dim FA_I_D, dtype FA_I_DT):
-   one CTA of 8 warps per (BN keys, kv head, batch) keeps dK, dV in
-   registers; each step takes BM query rows of one query head and adds their
-   dQ = dS K into the fp32 accumulator by vector atomics. The warps tile each
+/* The backward's dK/dV kernel for one (head dim FA_I_D, dtype FA_I_DT): one
+   CTA of 8 warps per (BN keys, kv head, batch) keeps dK, dV in registers;
+   each step takes BM query rows of one query head and, if FA_I_BWD_DQ (the
+   atomic mode: kernel bwd_kvq, else bwd_kv), adds their dQ = dS K into the
+   fp32 accumulator by vector atomics. The warps tile each
    product as FlashAttention-2 does, so that a fragment read from shared
    memory feeds several MMAs: S and dP as SW x 8/SW tiles of rows by keys,
    dV and dK as KW x 8/KW tiles of keys by d, dQ as QW x 8/QW tiles of rows by
    d; P and dS cross between the layouts through shared memory. Barriers per
    step: the step's inputs are in, P and dS are written, and where Q or dO
    has a single stage, a third once it is free: its next load then hides
-   behind the dQ product (double-buffered inputs load a step ahead). */
+   behind the rest (double-buffered inputs load a step ahead). */
+#define FA_I_BWD_Q_1 q
+#define FA_I_BWD_Q_0
 /* Async copy of BM rows from r0 of head h of tensor q or dout into smem dst. */
-#define FA_I_BWDA_LOAD(dst, tensor, h, r0)                                                       \
+#define FA_I_BWD_LOAD(dst, tensor, h, r0)                                                       \
     fa_i_async_tile(dst, (const uint16_t *)p.tensor + fa_i_dev_offset(&p.tensor##_layout, b, h, 0), \
                     p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, LD, tid, NT)
 /* Every element (i, j) of a warp's S or dP tiles, and its row (of the step's
@@ -3106,19 +2862,20 @@ static __global__ void __launch_bounds__(256, 1)
         *(uint32_t *)((dst) + (row_ + 8) * LDP + key_) = FA_I_PACK((c)[i][2], (c)[i][3]); \
     }
 static __global__ void __launch_bounds__(256, 1)
-    FA_I_NAME(bwd_kvq, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
+    FA_I_NAME(FA_I_CAT(bwd_kv, FA_I_CAT(FA_I_BWD_Q_, FA_I_BWD_DQ)), FA_I_DT)(const fa_params p,
+                                                                           const fa_i_bwd_args a)
 {
-#define FA_I_BWDA(field) FA_I_CFG(FA_I_BWD_CFG_ATOMIC, FA_I_CAT(FA_I_BA_, field))
+#define FA_I_BWD_TILE(field) FA_I_CFG(FA_I_BWD_CFG, FA_I_CAT(FA_I_B_, field))
     enum {
-        D = FA_I_D, BN = FA_I_BWDA(KEYS), BM = FA_I_BWDA(ROWS), QS = FA_I_BWDA(Q_STAGES),
-        DOS = FA_I_BWDA(DO_STAGES),
-        SW = FA_I_BWDA(S_ROW_WARPS), KW = FA_I_BWDA(KV_KEY_WARPS), QW = FA_I_BWDA(DQ_ROW_WARPS),
+        D = FA_I_D, BN = FA_I_BWD_TILE(KEYS), BM = FA_I_BWD_TILE(ROWS), QS = FA_I_BWD_TILE(Q_STAGES),
+        DOS = FA_I_BWD_TILE(DO_STAGES),
+        SW = FA_I_BWD_TILE(S_ROW_WARPS), KW = FA_I_BWD_TILE(KV_KEY_WARPS), QW = FA_I_BWD_TILE(DQ_ROW_WARPS),
         NT = 256, LD = D + 8, LDP = BN + 8,
         SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
         KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
         QM = BM / QW, QD = D / (8 / QW)   /* of dQ */
     };
-#undef FA_I_BWDA
+#undef FA_I_BWD_TILE
     static_assert(SM % 16 == 0 && SN % 16 == 0 && KN % 16 == 0 && KD % 16 == 0 && QM % 16 == 0 &&
                       QD % 16 == 0 && SM <= 64 && KN <= 64 && QM <= 64 && (QS == 1 || QS == 2) &&
                       (DOS == 1 || DOS == 2),
@@ -3164,8 +2921,8 @@ static __global__ void __launch_bounds__(256, 1)
             FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &a, b, h_next, r_next, slse + (stage ^ 1) * BM,
                                               sdsum + (stage ^ 1) * BM, slo + (stage ^ 1) * BM,
                                               shi + (stage ^ 1) * BM, BM, tid, NT);
-            if (QS == 2) FA_I_BWDA_LOAD(sq + (stage ^ 1) * BM * LD, q, h_next, r_next);
-            if (DOS == 2) FA_I_BWDA_LOAD(sdo + (stage ^ 1) * BM * LD, dout, h_next, r_next);
+            if (QS == 2) FA_I_BWD_LOAD(sq + (stage ^ 1) * BM * LD, q, h_next, r_next);
+            if (DOS == 2) FA_I_BWD_LOAD(sdo + (stage ^ 1) * BM * LD, dout, h_next, r_next);
         }
         fa_i_cp_async_commit();
         { /* S = Q K^T and dP = dO V^T on this warp's tile, then P and dS to smem */
@@ -3204,19 +2961,19 @@ static __global__ void __launch_bounds__(256, 1)
         FA_I_NAME(warp_gemm, FA_I_DT)(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot + kv_col, LD, 1);
         if (DOS == 1 && QS == 2) {
             __syncthreads();
-            if (t + 1 < steps) FA_I_BWDA_LOAD(sdo, dout, h_next, r_next);
+            if (t + 1 < steps) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
             fa_i_cp_async_commit();
         }
         FA_I_NAME(warp_gemm, FA_I_DT)(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt + kv_col, LD, 1);
         if (QS == 1) {
             __syncthreads();
             if (t + 1 < steps) {
-                FA_I_BWDA_LOAD(sq, q, h_next, r_next);
-                if (DOS == 1) FA_I_BWDA_LOAD(sdo, dout, h_next, r_next);
+                FA_I_BWD_LOAD(sq, q, h_next, r_next);
+                if (DOS == 1) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
             }
             fa_i_cp_async_commit();
         }
-        { /* dQ += dS K on this warp's rows and columns */
+        if (FA_I_BWD_DQ) { /* dQ += dS K on this warp's rows and columns */
             float dq[QM / 16 * QD / 8][4];
             float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
 #pragma unroll
@@ -3266,5 +3023,7 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_S_ROW
 #undef FA_I_S_KEY
 #undef FA_I_STORE_S
-#undef FA_I_BWDA_LOAD
+#undef FA_I_BWD_LOAD
+#undef FA_I_BWD_Q_1
+#undef FA_I_BWD_Q_0
 #endif

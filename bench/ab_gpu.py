@@ -6,10 +6,10 @@ where bench_gpu.py's --extra columns (one block of runs per build) drifted by
 up to 14% (bench/NOTES.md, f7). Every build's output is checked against
 PyTorch's flash backend before timing.
 
-Usage: python3 bench/ab_gpu.py [--bwd] "d,n,causal;d,n,causal..." NAME=path/to/shim.so ...
+Usage: python3 bench/ab_gpu.py [--bwd | --bwd-det] "d,n,causal;d,n,causal..." NAME=path/to/shim.so ...
 The first build is the reference; ratios are to it. The peer is cuDNN's
 forward, or with --bwd PyTorch flash's backward (builds with FA_SM90=0 time
-the FA2 backward). Sweep shapes as in
+the FA2 backward; --bwd-det times the deterministic mode). Sweep shapes as in
 bench_gpu.py (B = 16384 / n, H = 2048 / d, bf16)."""
 import os
 import statistics
@@ -30,7 +30,8 @@ ROUNDS, REPS = 7, 15
 
 def main():
     args = sys.argv[1:]
-    bwd = args[0] == "--bwd"
+    bwd = args[0] in ("--bwd", "--bwd-det")
+    det = int(args[0] == "--bwd-det")
     args = args[1:] if bwd else args
     configs = [tuple(int(x) for x in c.split(",")) for c in args[0].split(";")]
     builds = [(spec.split("=")[0], fa.load_gpu(os.path.abspath(spec.split("=")[1])))
@@ -64,12 +65,12 @@ def main():
             if bwd:
                 for g in (dq, dk, dv):
                     g.fill_(float("nan"))
-                impl.backward()
+                impl.backward(det)
                 torch.cuda.synchronize()
                 for g, r, what in zip((dq, dk, dv), ref_grads, ("dq", "dk", "dv")):
                     err = ((g.float() - r).norm() / r.norm()).item()
                     assert err < 2e-2, f"{name}: d={d} N={n} causal={causal}: {what} error {err:.3g}"
-                fns[name] = impl.backward
+                fns[name] = (lambda impl=impl: impl.backward(det))
         if bwd:
             fns["flash"] = flash[1]
         else:

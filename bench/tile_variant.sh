@@ -3,8 +3,8 @@
 # with the given nvcc flags and, unless LINES is empty, over a copy of the
 # headers with internal tile-table lines replaced (tables with no public
 # macro, such as the backward's FA_I_BWD_<d>); LINES separates them by ';'.
-# Usage: bash bench/tile_variant.sh NAME 'FA_I_BWD_128 128, 32, 1, 16' [nvcc flags...]
-#        bash bench/tile_variant.sh NAME 'FA_I_BWD_64 128, 32, 2, 32; FA_I_BWD_DET_64 ...' ...
+# Usage: bash bench/tile_variant.sh NAME 'FA_I_BWD_128 128, 64, 2, 1, 2, 4, 2' [nvcc flags...]
+#        bash bench/tile_variant.sh NAME 'FA_I_BWD_64 ...; FA_I_BWDQ_64 ...' ...
 #        bash bench/tile_variant.sh NAME '' -DFA_SM90_KEYS_64=192 ...
 set -euo pipefail
 name=$1

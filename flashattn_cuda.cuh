@@ -1528,13 +1528,12 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
      (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
 /* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
    stages the LSE, D and key range. */
-#define FA_I_BWD_SMEM                                                                        \
-    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) +                  \
-                          (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_Q_STAGES) +                  \
-                           FA_I_CFG(FA_I_BWD_CFG, FA_I_B_DO_STAGES)) *                \
-                              FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS)) +                  \
-          2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS) *                                   \
-              (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) + 8)) +                            \
+#define FA_I_BWD_SMEM                                                                           \
+    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) +                             \
+                          (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_Q_STAGES) +                            \
+                           FA_I_CFG(FA_I_BWD_CFG, FA_I_B_DO_STAGES)) *                          \
+                              FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS)) +                            \
+          2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS) * (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) + 8)) + \
      4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
@@ -2021,16 +2020,20 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
     fa_i_cp_async_commit();
 }
 
-/* The backward's dK/dV kernel twice (pass 6): adding dQ by atomics, and
-   without dQ for the deterministic mode. */
+/* The backward's dK/dV kernel twice (pass 6): bwd_kvq adds dQ by atomics,
+   bwd_kv leaves dQ to the deterministic mode's dQ kernel. */
 #undef FA_I_PASS
 #define FA_I_PASS 6
 #define FA_I_BWD_DQ 1
+#define FA_I_BWD_KERNEL bwd_kvq
 #include "flashattn_cuda.cuh"
 #undef FA_I_BWD_DQ
+#undef FA_I_BWD_KERNEL
 #define FA_I_BWD_DQ 0
+#define FA_I_BWD_KERNEL bwd_kv
 #include "flashattn_cuda.cuh"
 #undef FA_I_BWD_DQ
+#undef FA_I_BWD_KERNEL
 #if FA_I_HAS_SM90_BWD /* the FA3 backward: pass 5 */
 #undef FA_I_PASS
 #define FA_I_PASS 5
@@ -2828,11 +2831,11 @@ static __global__ void __launch_bounds__(256, 1)
 
 /* ======================================================================== */
 #elif FA_I_PASS == 6
-/* The backward's dK/dV kernel for one (head dim FA_I_D, dtype FA_I_DT): one
-   CTA of 8 warps per (BN keys, kv head, batch) keeps dK, dV in registers;
-   each step takes BM query rows of one query head and, if FA_I_BWD_DQ (the
-   atomic mode: kernel bwd_kvq, else bwd_kv), adds their dQ = dS K into the
-   fp32 accumulator by vector atomics. The warps tile each
+/* The backward's dK/dV kernel FA_I_BWD_KERNEL for one (head dim FA_I_D,
+   dtype FA_I_DT, tile FA_I_BWD_CFG): one CTA of 8 warps per (BN keys, kv
+   head, batch) keeps dK, dV in registers; each step takes BM query rows of
+   one query head and, if FA_I_BWD_DQ (the atomic mode), adds their
+   dQ = dS K into the fp32 accumulator by vector atomics. The warps tile each
    product as FlashAttention-2 does, so that a fragment read from shared
    memory feeds several MMAs: S and dP as SW x 8/SW tiles of rows by keys,
    dV and dK as KW x 8/KW tiles of keys by d, dQ as QW x 8/QW tiles of rows by
@@ -2840,8 +2843,6 @@ static __global__ void __launch_bounds__(256, 1)
    step: the step's inputs are in, P and dS are written, and where Q or dO
    has a single stage, a third once it is free: its next load then hides
    behind the rest (double-buffered inputs load a step ahead). */
-#define FA_I_BWD_Q_1 q
-#define FA_I_BWD_Q_0
 /* Async copy of BM rows from r0 of head h of tensor q or dout into smem dst. */
 #define FA_I_BWD_LOAD(dst, tensor, h, r0)                                                       \
     fa_i_async_tile(dst, (const uint16_t *)p.tensor + fa_i_dev_offset(&p.tensor##_layout, b, h, 0), \
@@ -2862,8 +2863,7 @@ static __global__ void __launch_bounds__(256, 1)
         *(uint32_t *)((dst) + (row_ + 8) * LDP + key_) = FA_I_PACK((c)[i][2], (c)[i][3]); \
     }
 static __global__ void __launch_bounds__(256, 1)
-    FA_I_NAME(FA_I_CAT(bwd_kv, FA_I_CAT(FA_I_BWD_Q_, FA_I_BWD_DQ)), FA_I_DT)(const fa_params p,
-                                                                           const fa_i_bwd_args a)
+    FA_I_NAME(FA_I_BWD_KERNEL, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
 {
 #define FA_I_BWD_TILE(field) FA_I_CFG(FA_I_BWD_CFG, FA_I_CAT(FA_I_B_, field))
     enum {
@@ -3024,6 +3024,4 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_S_KEY
 #undef FA_I_STORE_S
 #undef FA_I_BWD_LOAD
-#undef FA_I_BWD_Q_1
-#undef FA_I_BWD_Q_0
 #endif

@@ -396,6 +396,14 @@ static __device__ __forceinline__ void fa_i_red_add4(float *p, float4 v)
     atomicAdd(p + 3, v.w);
 #endif
 }
+/* Zeroes n mma.sync accumulator tiles. */
+static __device__ __forceinline__ void fa_i_zero_acc(float (*c)[4], int n)
+{
+    int i;
+#pragma unroll
+    for (i = 0; i < n; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+}
+
 /* Barrier `id` (1..15; __syncthreads owns 0) among `threads` threads. */
 static __device__ __forceinline__ void fa_i_named_sync(int id, int threads)
 {
@@ -1629,13 +1637,13 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 #undef FA_I_PASS
 #define FA_I_PASS 1
 
+/* The backward's dK/dV kernels (with dQ, without) share their tile. */
+#define FA_I_BWD_ENTRY(kernel, dt) \
+    {(const void *)FA_I_NAME(kernel, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), 256, FA_I_BWD_SMEM}
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
-     {{(const void *)FA_I_NAME(bwd_kvq, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), 256,           \
-       FA_I_BWD_SMEM},                                                                       \
-      {(const void *)FA_I_NAME(bwd_kv, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), 256,            \
-       FA_I_BWD_SMEM}},                                                                      \
+     {FA_I_BWD_ENTRY(bwd_kvq, dt), FA_I_BWD_ENTRY(bwd_kv, dt)},                                \
      (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),                 \
      32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt),          \
      FA_I_SM90_BWD_ENTRY(dt)}
@@ -1652,6 +1660,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #endif
 };
 #undef FA_I_ENTRY
+#undef FA_I_BWD_ENTRY
 #undef FA_I_SM90_ENTRIES
 #undef FA_I_HAS_SM90
 #undef FA_I_SM90_BWD_ENTRY
@@ -1793,9 +1802,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     n_first = first_lo / BN; /* key blocks wholly outside every row's range are skipped */
     n_end = (last_hi + BN - 1) / BN;
 #pragma unroll
-    for (t = 0; t < MT; ++t)
-#pragma unroll
-        for (i = 0; i < D / 8; ++i) o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.0f;
+    for (t = 0; t < MT; ++t) fa_i_zero_acc(o[t], D / 8);
 
     fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
     if (n_first < n_end && STAGES == 2)
@@ -1824,9 +1831,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         fa_i_cp_async_commit();
 
 #pragma unroll
-        for (t = 0; t < MT; ++t)
-#pragma unroll
-            for (i = 0; i < BN / 8; ++i) s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.0f;
+        for (t = 0; t < MT; ++t) fa_i_zero_acc(s[t], BN / 8);
 #pragma unroll
         for (i = 0; i < D / 16; ++i) { /* S = Q K^T */
             uint32_t a[MT][4];
@@ -2074,8 +2079,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
     fa_i_rows_key_span(&p, m0, last + 1, &first_lo, &last_hi);
     n_first = first_lo / BN;
     n_end = (last_hi + BN - 1) / BN;
-#pragma unroll
-    for (i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    fa_i_zero_acc(dq, D / 8);
 
     fa_i_async_tile(sq, (const uint16_t *)p.q + fa_i_dev_offset(&p.q_layout, b, h, 0),
                     p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
@@ -2095,9 +2099,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         }
         fa_i_cp_async_commit();
         /* S = Q K^T, dP = dO V^T */
-#pragma unroll
-        for (i = 0; i < BN / 8; ++i)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        fa_i_zero_acc(s, BN / 8);
+        fa_i_zero_acc(dp, BN / 8);
         FA_I_NAME(warp_gemm, FA_I_DT)(s, 1, BN / 16, D, sq + warp * 16 * LD, LD, 0, skt, LD, 0);
         FA_I_NAME(warp_gemm, FA_I_DT)(dp, 1, BN / 16, D, sdo + warp * 16 * LD, LD, 0, svt, LD, 0);
         /* dS = P (dP - D), with softcap and mask in their own uniform branches. */
@@ -2879,7 +2882,7 @@ static __global__ void __launch_bounds__(256, 1)
     static_assert(SM % 16 == 0 && SN % 16 == 0 && KN % 16 == 0 && KD % 16 == 0 && QM % 16 == 0 &&
                       QD % 16 == 0 && SM <= 64 && KN <= 64 && QM <= 64 && (QS == 1 || QS == 2) &&
                       (DOS == 1 || DOS == 2),
-                  "flashattn: atomic backward warp tiles are multiples of 16, at most 64 rows");
+                  "flashattn: backward warp tiles are multiples of 16, at most 64 rows");
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
     uint16_t *sdo = sq + QS * BM * LD, *sp = sdo + DOS * BM * LD, *sds = sp + BM * LDP;
@@ -2899,9 +2902,8 @@ static __global__ void __launch_bounds__(256, 1)
     fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
     steps = group * blocks; /* (query head, query block) pairs, in order */
-#pragma unroll
-    for (i = 0; i < KN / 16 * KD / 8; ++i)
-        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    fa_i_zero_acc(dk, KN / 16 * KD / 8);
+    fa_i_zero_acc(dv, KN / 16 * KD / 8);
 
     FA_I_NAME(bwd_first_loads, FA_I_DT)(&p, &a, b, hk, c0, BN, (first / BM) * BM, steps, sk, sv, sq,
                                         sdo, slse, sdsum, slo, shi, BM, tid, NT);
@@ -2928,9 +2930,8 @@ static __global__ void __launch_bounds__(256, 1)
         { /* S = Q K^T and dP = dO V^T on this warp's tile, then P and dS to smem */
             float s[SM / 16 * SN / 8][4], dp[SM / 16 * SN / 8][4];
             const int masked = FA_I_TILE_MASKED(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN);
-#pragma unroll
-            for (i = 0; i < SM / 16 * SN / 8; ++i)
-                s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+            fa_i_zero_acc(s, SM / 16 * SN / 8);
+            fa_i_zero_acc(dp, SM / 16 * SN / 8);
             FA_I_NAME(warp_gemm, FA_I_DT)(s, SM / 16, SN / 16, D, sqt + s_row * LD, LD, 0,
                                           sk + s_key * LD, LD, 0);
             /* P before dP's product, so that the exponentials can overlap its
@@ -2976,8 +2977,7 @@ static __global__ void __launch_bounds__(256, 1)
         if (FA_I_BWD_DQ) { /* dQ += dS K on this warp's rows and columns */
             float dq[QM / 16 * QD / 8][4];
             float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
-#pragma unroll
-            for (i = 0; i < QM / 16 * QD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+            fa_i_zero_acc(dq, QM / 16 * QD / 8);
             FA_I_NAME(warp_gemm, FA_I_DT)(dq, QM / 16, QD / 16, BN, sds + q_row * LDP, LDP, 0,
                                           sk + q_col, LD, 1);
 #pragma unroll

@@ -74,7 +74,11 @@
                      problems with Nk >= 8192
 
    LIMITS: dtype f16 or bf16; rows 16-byte aligned (pointers 16-byte aligned,
-   strides multiples of 8 elements); heads_q and batch <= 65535. The Hopper
+   strides multiples of 8 elements); heads_q and batch <= 65535; the FA2
+   kernels' shared memory (forward 50 - 125 KB, backward 125 - 155 KB by
+   head dim) within the device's opt-in limit, else FA_ERR_UNSUPPORTED: at
+   99 KB (compute capability 8.6, 8.9) the forward runs at d = 32, 64, 96,
+   256 and the backward not at all. The Hopper
    path also needs tensor maps for every tensor (cuTensorMapEncodeTiled);
    where one can't be made the call runs the FA2 kernel instead.
 */

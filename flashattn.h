@@ -177,6 +177,17 @@ static inline FA_HOST_DEVICE void fa_i_rows_key_span(const fa_params *p, int r0,
     fa_i_key_range(p, r1 - 1, &unused, hi);
 }
 
+/* The keys [*lo, *hi) that every query row of [r0, r1) sees (empty when
+   *lo >= *hi): the last row's start to the first row's end. A key tile inside
+   needs no mask. */
+static inline FA_HOST_DEVICE void fa_i_rows_common_keys(const fa_params *p, int r0, int r1,
+                                                        int *lo, int *hi)
+{
+    int unused;
+    fa_i_key_range(p, r1 - 1, lo, &unused);
+    fa_i_key_range(p, r0, &unused, hi);
+}
+
 /* The query rows that may see keys [c0, c1), 0 <= c0 < c1 <= seqlen_k:
    [*first, *last] (empty when first > last), the first row whose range ends
    after c0 to the last whose range starts before c1. In closed form from

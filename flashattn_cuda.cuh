@@ -493,28 +493,36 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
 
 /* Copies rows [row0, row0 + tile_rows) of a [rows][d] 16-bit matrix (row
    stride in elements) into smem with pitch ld; rows at or past `rows` are
-   zero-filled. A thread copies one 16-byte column chunk of every step-th
-   row, walking one pointer down the rows (with d = 96, 160 or 192 a few
-   threads idle). tid is made opaque first: otherwise the compiler hoists
-   every chunk's address out of the caller's key loop and holds them all in
-   registers (2 each), which spills the 64-key tiles. */
+   zero-filled. tpr threads share a row: the largest power of two that
+   divides its 16-byte chunks (so a whole row, 32 threads, at d = 256; a
+   warp's copy then reads whole rows, measured faster than 128-byte pieces
+   of 4 rows, bench/NOTES.md v12), each thread taking chunks 16 * tpr bytes
+   apart. The passes are unrolled: one 64-bit address per row a thread
+   copies, immediate offsets for its other chunks. tid is made opaque first:
+   otherwise the compiler hoists the addresses out of the caller's key loop
+   and holds them in registers, which spills the 64-key tiles. */
 static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, int row0, int rows,
                                                        int tile_rows, int d, int ld, int tid,
                                                        int nthreads)
 {
-    const int chunks = d / 8, step = nthreads / chunks;
-    int r, col;
+    const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
+    int r, pass, c;
     const uint16_t *src;
     asm volatile("" : "+r"(tid));
-    if (tid >= step * chunks) return;
-    r = tid / chunks;
-    col = (tid % chunks) * 8;
-    src = g + (int64_t)(row0 + r) * stride + col;
-    for (; r < tile_rows; r += step, src += step * stride) {
-        const int valid = row0 + r < rows;
-        fa_i_cp_async16(smem + r * ld + col, valid ? src : g, valid ? 16 : 0);
-    }
+    r = tid / tpr;
+    smem += r * ld + (tid % tpr) * 8;
+    src = g + (int64_t)(row0 + r) * stride + (tid % tpr) * 8;
+#pragma unroll
+    for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
+        if (tile_rows % step == 0 || r < tile_rows) {
+            const int valid = row0 + r < rows;
+            const uint16_t *from = valid ? src : g; /* a row past the end reads nothing */
+#pragma unroll
+            for (c = 0; c < chunks / tpr; ++c)
+                fa_i_cp_async16(smem + pass * step * ld + c * tpr * 8, from + c * tpr * 8,
+                                valid ? 16 : 0);
+        }
 }
 
 /* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv) into the
@@ -1795,7 +1803,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     float o[MT][D / 8][4], m_run[2 * MT], l_run[2 * MT];
     /* Raw logits times log2_scale are base-2 scores (softcap already gives them). */
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-    int first_lo, last_hi, n, n_first, n_end, i, j, t;
+    int first_lo, last_hi, all_lo, all_hi, n, n_first, n_end, i, j, t;
     (void)unused;
 #pragma unroll
     for (t = 0; t < 2 * MT; ++t) {
@@ -1803,6 +1811,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
         l_run[t] = 0.0f;
     }
     fa_i_rows_key_span(&p, m0, last + 1, &first_lo, &last_hi);
+    fa_i_rows_common_keys(&p, m0, last + 1, &all_lo, &all_hi);
     n_first = first_lo / BN; /* key blocks wholly outside every row's range are skipped */
     n_end = (last_hi + BN - 1) / BN;
 #pragma unroll
@@ -1860,7 +1869,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 #pragma unroll
                     for (j = 0; j < 4; ++j) s[t][i][j] = fa_i_score(&p, s[t][i][j]);
         /* diagonal, window and tail tiles */
-        if (fa_i_tile_visibility(&p, m0, last + 1, c0, c0 + BN) != 2)
+        if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + BN))
 #pragma unroll
             for (t = 0; t < 2 * MT; ++t) {
                 int lo, hi;
@@ -2072,7 +2081,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dq[D / 8][4], lse2[2], dsum[2];
-    int lo[2], hi[2], first_lo, last_hi, n, n_first, n_end, i, j;
+    int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n, n_first, n_end, i, j;
     for (i = 0; i < 2; ++i) {
         const int r = i ? row1 : row0;
         const float lse = r < p.seqlen_q ? p.lse[row_base + r] : -INFINITY;
@@ -2081,6 +2090,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         fa_i_key_range(&p, r, &lo[i], &hi[i]);
     }
     fa_i_rows_key_span(&p, m0, last + 1, &first_lo, &last_hi);
+    fa_i_rows_common_keys(&p, m0, last + 1, &all_lo, &all_hi);
     n_first = first_lo / BN;
     n_end = (last_hi + BN - 1) / BN;
     fa_i_zero_acc(dq, D / 8);
@@ -2113,7 +2123,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
             for (i = 0; i < BN / 8; ++i)
 #pragma unroll
                 for (j = 0; j < 4; ++j) s[i][j] = fa_i_score(&p, s[i][j]);
-        if (fa_i_tile_visibility(&p, m0, last + 1, c0, c0 + BN) != 2)
+        if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + BN))
 #pragma unroll
             for (i = 0; i < BN / 8; ++i)
 #pragma unroll
@@ -2386,13 +2396,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             const uint32_t sq_wg = sq + qb * Q_BYTES + cw * 64 * 128;
             const uint32_t so_wg = O_APART ? so + cw * 64 * 128 : sq_wg;
             const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
-            int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, unused, n, n_first, n_end;
+            int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n, n_first, n_end;
             float inv[2]; /* 1 / (row sum) */
             fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
-            /* keys [all_lo, all_hi) every row of the tile sees (ranges grow
-               with the row): key tiles inside need no mask */
-            fa_i_key_range(&p, last - 1, &all_lo, &unused);
-            fa_i_key_range(&p, m0, &unused, &all_hi);
+            fa_i_rows_common_keys(&p, m0, last, &all_lo, &all_hi);
             n_first = first_lo / BN;
             n_end = (last_hi + BN - 1) / BN;
 #pragma unroll

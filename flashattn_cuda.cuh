@@ -78,7 +78,8 @@
    kernels' shared memory (forward 50 - 125 KB, backward 125 - 155 KB by
    head dim) within the device's opt-in limit, else FA_ERR_UNSUPPORTED: at
    99 KB (compute capability 8.6, 8.9) the forward runs at d = 32, 64, 96,
-   256 and the backward not at all. The Hopper
+   256 and the backward at d = 32, 64, 96 (on a 64 x 64 tile of 50 - 85 KB,
+   chosen at run time). The Hopper
    path also needs tensor maps for every tensor (cuTensorMapEncodeTiled);
    where one can't be made the call runs the FA2 kernel instead.
 */
@@ -226,6 +227,17 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWD_160 64, 64, 2, 1, 4, 4, 4
 #define FA_I_BWD_192 64, 64, 2, 1, 4, 4, 4
 #define FA_I_BWD_256 64, 64, 1, 1, 4, 2, 2
+/* The dK/dV tile where the device allows less shared memory per block than
+   the one above needs, as the 99 KB of compute capability 8.6 and 8.9 (same
+   fields; 0 keys: none). Only up to d = 96: above, the deterministic
+   mode's dQ kernel and most forward tiles don't fit 99 KB either. */
+#define FA_I_BWD99_32 64, 64, 2, 2, 2, 4, 4
+#define FA_I_BWD99_64 64, 64, 2, 2, 2, 4, 4
+#define FA_I_BWD99_96 64, 64, 2, 1, 2, 4, 4
+#define FA_I_BWD99_128 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD99_160 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD99_192 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD99_256 0, 0, 0, 0, 0, 0, 0
 #define FA_I_BWDQ_32 64, 64, 4
 #define FA_I_BWDQ_64 64, 64, 4
 #define FA_I_BWDQ_96 64, 64, 4
@@ -333,6 +345,7 @@ typedef struct fa_i_kernels {
     int fwd_rows, fwd_threads;
     size_t fwd_smem;
     fa_i_bwd_kernel bwd_kv[2]; /* [0] adds dQ by atomics, [1] leaves dQ to bwd_q */
+    fa_i_bwd_kernel bwd_kv99[2]; /* the same on the 99 KB tile (NULL fn: none) */
     const void *bwd_q;
     int bwd_q_rows, bwd_q_threads;
     size_t bwd_q_smem;
@@ -1181,7 +1194,21 @@ static cudaError_t fa_i_device_facts(fa_i_device *d)
         (e = cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                     dev)) != cudaSuccess)
         return e;
+#ifdef FA_I_TEST_SMEM_OPTIN /* tests only: act as a device that allows this much */
+    if (d->smem_optin > FA_I_TEST_SMEM_OPTIN) d->smem_optin = FA_I_TEST_SMEM_OPTIN;
+#endif
     return cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev);
+}
+
+/* The backward's dK/dV kernel for the mode that fits the device: the
+   table's tile, else the 99 KB one; NULL where neither does. */
+static const fa_i_bwd_kernel *fa_i_bwd_kv_kernel(const fa_i_kernels *k, int deterministic,
+                                                 const fa_i_device *device)
+{
+    const fa_i_bwd_kernel *kv = &k->bwd_kv[deterministic];
+    if ((size_t)device->smem_optin >= kv->smem) return kv;
+    kv = &k->bwd_kv99[deterministic];
+    return kv->fn && (size_t)device->smem_optin >= kv->smem ? kv : NULL;
 }
 
 /* Validates for the GPU: resolved params, kernels, device and alignment;
@@ -1215,10 +1242,15 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     if (device->major < 8)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "compute capability %d.x < 8.0", device->major);
     need = (*kernels)->fwd_smem;
-    if (pass == FA_PASS_BACKWARD) {
+    if (pass == FA_PASS_BACKWARD) { /* both modes' kernels, on the tile that fits */
         const fa_i_kernels *k = *kernels;
-        need = k->bwd_kv[0].smem > k->bwd_kv[1].smem ? k->bwd_kv[0].smem : k->bwd_kv[1].smem;
-        if (k->bwd_q_smem > need) need = k->bwd_q_smem;
+        int mode;
+        need = k->bwd_q_smem;
+        for (mode = 0; mode < 2; ++mode) {
+            const fa_i_bwd_kernel *kv = fa_i_bwd_kv_kernel(k, mode, device);
+            const size_t smem = kv ? kv->smem : k->bwd_kv[mode].smem;
+            if (smem > need) need = smem;
+        }
     }
     if ((size_t)device->smem_optin < need)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
@@ -1432,7 +1464,8 @@ FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deter
 typedef struct fa_i_backward_plan {
     fa_params p; /* resolved */
     const fa_i_kernels *k;
-    int algorithm; /* 2 FA2, 3 FA3 */
+    const fa_i_bwd_kernel *kv; /* FA2's dK/dV kernel */
+    int algorithm;             /* 2 FA2, 3 FA3 */
 #if FA_I_SM90
     fa_i_sm90_bwd_args fa3; /* FA3 only */
 #endif
@@ -1445,6 +1478,7 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
     fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &plan->p, &plan->k, &dev);
     if (s != FA_OK) return s;
     plan->algorithm = 2;
+    plan->kv = fa_i_bwd_kv_kernel(plan->k, deterministic, &dev); /* found by the check */
 #if FA_I_SM90
     if (!deterministic && fa_i_sm90_bwd_ready(&plan->p, &plan->k->sm90_bwd, &dev, &plan->fa3))
         plan->algorithm = 3;
@@ -1500,7 +1534,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     }
 #endif
     if (s == FA_OK) {
-        const fa_i_bwd_kernel *kv = &k->bwd_kv[deterministic ? 1 : 0];
+        const fa_i_bwd_kernel *kv = plan.kv;
         s = fa_i_launch(kv->fn, dim3(fa_i_blocks(p->seqlen_k, kv->keys), p->heads_kv, p->batch),
                         kv->threads, kv->smem, stream, p, &a);
     }
@@ -1523,7 +1557,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
 #define FA_I_NO_KERNELS \
-    {0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, 0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {0, 0, 0, 0}}
+    {0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}, 0, 0, 0, 0, \
+     {{0, 0, 0, 0}, {0, 0, 0, 0}}, {0, 0, 0, 0}}
 #if !FA_I_BUILD_D(FA_I_D)
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
 #else
@@ -1540,6 +1575,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_FWD_STAGES FA_I_CAT(FA_I_FWD_STAGES_, FA_I_D)
 #endif
 #define FA_I_BWD_CFG (FA_I_CAT(FA_I_BWD_, FA_I_D))
+#define FA_I_BWD99_CFG (FA_I_CAT(FA_I_BWD99_, FA_I_D))
 #define FA_I_BWDQ_CFG (FA_I_CAT(FA_I_BWDQ_, FA_I_D))
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
 /* Shared memory of each kernel in bytes (16-bit rows padded by 8 elements). */
@@ -1548,13 +1584,12 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
      (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
 /* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
    stages the LSE, D and key range. */
-#define FA_I_BWD_SMEM                                                                           \
-    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) +                             \
-                          (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_Q_STAGES) +                            \
-                           FA_I_CFG(FA_I_BWD_CFG, FA_I_B_DO_STAGES)) *                          \
-                              FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS)) +                            \
-          2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS) * (FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS) + 8)) + \
-     4 * 4 * 2 * FA_I_CFG(FA_I_BWD_CFG, FA_I_B_ROWS))
+#define FA_I_BWD_SMEM_OF(cfg)                                                                  \
+    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_B_KEYS) +                                      \
+                          (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) *  \
+                              FA_I_CFG(cfg, FA_I_B_ROWS)) +                                     \
+          2 * FA_I_CFG(cfg, FA_I_B_ROWS) * (FA_I_CFG(cfg, FA_I_B_KEYS) + 8)) +                   \
+     4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
     (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
@@ -1631,7 +1666,10 @@ static_assert(FA_I_SM90_BWD_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 backward
 #define FA_I_SM90_BWD_ENTRY(dt) {0, 0, 0, 0}
 #endif
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
-static_assert(FA_I_BWD_SMEM <= FA_I_SMEM_MAX, "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_BWD_SMEM_OF(FA_I_BWD_CFG) <= FA_I_SMEM_MAX,
+              "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_BWD_SMEM_OF(FA_I_BWD99_CFG) <= 99 * 1024,
+              "flashattn: the 99 KB backward tile exceeds 99 KB");
 static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
 
 #undef FA_I_PASS
@@ -1650,12 +1688,19 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 #define FA_I_PASS 1
 
 /* The backward's dK/dV kernels (with dQ, without) share their tile. */
-#define FA_I_BWD_ENTRY(kernel, dt) \
-    {(const void *)FA_I_NAME(kernel, dt), FA_I_CFG(FA_I_BWD_CFG, FA_I_B_KEYS), 256, FA_I_BWD_SMEM}
+#define FA_I_BWD_ENTRY(kernel, dt, cfg) \
+    {(const void *)FA_I_NAME(kernel, dt), FA_I_CFG(cfg, FA_I_B_KEYS), 256, FA_I_BWD_SMEM_OF(cfg)}
+#if FA_I_CFG(FA_I_BWD99_CFG, FA_I_B_KEYS)
+#define FA_I_BWD99_ENTRIES(dt) \
+    {FA_I_BWD_ENTRY(bwd_kvq99, dt, FA_I_BWD99_CFG), FA_I_BWD_ENTRY(bwd_kv99, dt, FA_I_BWD99_CFG)}
+#else
+#define FA_I_BWD99_ENTRIES(dt) {{0, 0, 0, 0}, {0, 0, 0, 0}}
+#endif
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
-     {FA_I_BWD_ENTRY(bwd_kvq, dt), FA_I_BWD_ENTRY(bwd_kv, dt)},                                \
+     {FA_I_BWD_ENTRY(bwd_kvq, dt, FA_I_BWD_CFG), FA_I_BWD_ENTRY(bwd_kv, dt, FA_I_BWD_CFG)},    \
+     FA_I_BWD99_ENTRIES(dt),                                                                  \
      (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),                 \
      32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt),          \
      FA_I_SM90_BWD_ENTRY(dt)}
@@ -1673,6 +1718,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 };
 #undef FA_I_ENTRY
 #undef FA_I_BWD_ENTRY
+#undef FA_I_BWD99_ENTRIES
 #undef FA_I_SM90_ENTRIES
 #undef FA_I_HAS_SM90
 #undef FA_I_SM90_BWD_ENTRY
@@ -1695,11 +1741,12 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_SM90_PINGPONG_1
 #endif
 #undef FA_I_FWD_SMEM
-#undef FA_I_BWD_SMEM
+#undef FA_I_BWD_SMEM_OF
 #undef FA_I_BWDQ_SMEM
 #undef FA_I_FWD_CFG
 #undef FA_I_FWD_STAGES
 #undef FA_I_BWD_CFG
+#undef FA_I_BWD99_CFG
 #undef FA_I_BWDQ_CFG
 #undef FA_I_CFG
 #undef FA_I_NAME
@@ -2038,10 +2085,12 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
     fa_i_cp_async_commit();
 }
 
-/* The backward's dK/dV kernel twice (pass 6): bwd_kvq adds dQ by atomics,
-   bwd_kv leaves dQ to the deterministic mode's dQ kernel. */
+/* The backward's dK/dV kernel (pass 6) in both modes: bwd_kvq adds dQ by
+   atomics, bwd_kv leaves dQ to the deterministic mode's dQ kernel; and both
+   again on the 99 KB tile where there is one. */
 #undef FA_I_PASS
 #define FA_I_PASS 6
+#define FA_I_BWD_KERNEL_CFG FA_I_BWD_CFG
 #define FA_I_BWD_DQ 1
 #define FA_I_BWD_KERNEL bwd_kvq
 #include "flashattn_cuda.cuh"
@@ -2052,6 +2101,21 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
 #include "flashattn_cuda.cuh"
 #undef FA_I_BWD_DQ
 #undef FA_I_BWD_KERNEL
+#undef FA_I_BWD_KERNEL_CFG
+#if FA_I_CFG(FA_I_BWD99_CFG, FA_I_B_KEYS)
+#define FA_I_BWD_KERNEL_CFG FA_I_BWD99_CFG
+#define FA_I_BWD_DQ 1
+#define FA_I_BWD_KERNEL bwd_kvq99
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_DQ
+#undef FA_I_BWD_KERNEL
+#define FA_I_BWD_DQ 0
+#define FA_I_BWD_KERNEL bwd_kv99
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_DQ
+#undef FA_I_BWD_KERNEL
+#undef FA_I_BWD_KERNEL_CFG
+#endif
 #if FA_I_HAS_SM90_BWD /* the FA3 backward: pass 5 */
 #undef FA_I_PASS
 #define FA_I_PASS 5
@@ -2846,7 +2910,7 @@ static __global__ void __launch_bounds__(256, 1)
 /* ======================================================================== */
 #elif FA_I_PASS == 6
 /* The backward's dK/dV kernel FA_I_BWD_KERNEL for one (head dim FA_I_D,
-   dtype FA_I_DT, tile FA_I_BWD_CFG): one CTA of 8 warps per (BN keys, kv
+   dtype FA_I_DT, tile FA_I_BWD_KERNEL_CFG): one CTA of 8 warps per (BN keys, kv
    head, batch) keeps dK, dV in registers; each step takes BM query rows of
    one query head and, if FA_I_BWD_DQ (the atomic mode), adds their
    dQ = dS K into the fp32 accumulator by vector atomics. The warps tile each
@@ -2879,7 +2943,7 @@ static __global__ void __launch_bounds__(256, 1)
 static __global__ void __launch_bounds__(256, 1)
     FA_I_NAME(FA_I_BWD_KERNEL, FA_I_DT)(const fa_params p, const fa_i_bwd_args a)
 {
-#define FA_I_BWD_TILE(field) FA_I_CFG(FA_I_BWD_CFG, FA_I_CAT(FA_I_B_, field))
+#define FA_I_BWD_TILE(field) FA_I_CFG(FA_I_BWD_KERNEL_CFG, FA_I_CAT(FA_I_B_, field))
     enum {
         D = FA_I_D, BN = FA_I_BWD_TILE(KEYS), BM = FA_I_BWD_TILE(ROWS), QS = FA_I_BWD_TILE(Q_STAGES),
         DOS = FA_I_BWD_TILE(DO_STAGES),

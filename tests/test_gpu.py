@@ -124,6 +124,51 @@ case("gpu_fa1_fwd_window_softcap", gpu_fa1_forward, seqlen_q=100, seqlen_k=70, h
      dtype="f16", window=(10, 10), softcap=4.0)
 
 
+# As on a GPU that allows 99 KB of shared memory per block (compute
+# capability 8.6, 8.9: the FA_SM90=0 build with the device's limit capped):
+# the forward runs where its tile fits, the backward on its 99 KB tile; every
+# other call is FA_ERR_UNSUPPORTED and writes nothing.
+SMEM99_FORWARD = (32, 64, 96, 256)
+SMEM99_BACKWARD = (32, 64, 96)
+
+
+def gpu99_backward(**cfg):
+    need_gpu("GPU_SMEM99")
+    return backward_case(backends=("gpu99", "gpu99_det"), **cfg)
+
+
+for d in SMEM99_BACKWARD:
+    case(f"gpu_smem99_bwd_d{d}", gpu99_backward, heads_q=4, heads_kv=2, seqlen_q=150,
+         seqlen_k=190, head_dim=d, dtype="bf16")
+    case(f"gpu_smem99_bwd_causal_d{d}", gpu99_backward, seqlen_q=130, seqlen_k=257, head_dim=d,
+         dtype="f16", causal=True)
+
+
+@test
+def gpu_smem99_support():
+    lib = need_gpu("GPU_SMEM99")
+    prob = fa.Problem(rng_for("gpu_smem99"), seqlen_q=70, seqlen_k=90, dtype="bf16")
+    seen = []
+    for d in HEAD_DIMS:
+        prob.d = d
+        t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in ("q", "k", "v", "dout")}
+        for n in ("o", "dq", "dk", "dv"):
+            t[n] = prob.tensor(n, np.full(prob._shape(n), 7.0))
+        t["lse"] = np.zeros((1, prob.hq, prob.nq), np.float32)
+        p = prob.params(t)
+        for pas, runs in ((0, SMEM99_FORWARD), (1, SMEM99_BACKWARD)):
+            status = lib.fa_cuda_supported(ctypes.byref(p), pas)
+            expected = fa.FA_OK if d in runs else fa.STATUS["FA_ERR_UNSUPPORTED"]
+            assert status == expected, f"d = {d}, pass {pas}: {fa.status_name(status)}"
+        if d not in SMEM99_FORWARD:  # the call itself refuses, and writes nothing
+            before = {n: t[n].storage.copy() for n in ("o", "dq", "dk", "dv")}
+            assert fa.call_forward("gpu99", p) == fa.STATUS["FA_ERR_UNSUPPORTED"]
+            assert fa.call_backward("gpu99", p) == fa.STATUS["FA_ERR_UNSUPPORTED"]
+            assert all(np.array_equal(old, t[n].storage) for n, old in before.items())
+        seen.append(f"d{d}:" + "F" * (d in SMEM99_FORWARD) + "B" * (d in SMEM99_BACKWARD))
+    return " ".join(seen)
+
+
 @test
 def gpu_fully_masked_rows():
     need_gpu()

@@ -637,6 +637,15 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
    first row's end and the last row's start say. */
 #define FA_I_TILE_MASKED(first_hi, last_lo, c0, c1) ((first_hi) < (c1) || (last_lo) > (c0))
 
+/* A backward kernel's epilogue: dK (times the softmax scale) and dV of one
+   key at columns col, col + 1 into gdk, gdv, unless the key is past the end. */
+#define FA_I_STORE_DK_DV(key, col, dk0, dk1, dv0, dv1)                                           \
+    if ((key) < p.seqlen_k) {                                                                     \
+        *(uint32_t *)(gdk + (int64_t)(key) * p.dk_layout.seq + (col)) =                           \
+            FA_I_PACK((dk0) * p.scale, (dk1) * p.scale);                                          \
+        *(uint32_t *)(gdv + (int64_t)(key) * p.dv_layout.seq + (col)) = FA_I_PACK((dv0), (dv1)); \
+    }
+
 /* Query rows per head in the dQ accumulator: whole 64-row blocks when tiled. */
 static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const fa_i_bwd_args *a)
 {
@@ -2888,11 +2897,7 @@ static __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (i = 0; i < DW / 2; i += 2) {
             const int key = c0 + key0 + 8 * ((i >> 1) & 1), col = cols_w + FA_I_SM90_COL(i);
-            if (key < p.seqlen_k) {
-                *(uint32_t *)(gdk + (int64_t)key * p.dk_layout.seq + col) =
-                    FA_I_PACK(dk[i] * p.scale, dk[i + 1] * p.scale);
-                *(uint32_t *)(gdv + (int64_t)key * p.dv_layout.seq + col) = FA_I_PACK(dv[i], dv[i + 1]);
-            }
+            FA_I_STORE_DK_DV(key, col, dk[i], dk[i + 1], dv[i], dv[i + 1])
         }
     }
 #undef FA_I_SM90_COL
@@ -3081,16 +3086,8 @@ static __global__ void __launch_bounds__(256, 1)
         for (i = 0; i < KN / 16 * KD / 8; ++i) {
             const int key0 = c0 + kv_key + 16 * (i / (KD / 8)) + (lane >> 2), key1 = key0 + 8;
             const int col = kv_col + 8 * (i % (KD / 8)) + 2 * (lane & 3);
-            if (key0 < p.seqlen_k) {
-                *(uint32_t *)(gdk + (int64_t)key0 * p.dk_layout.seq + col) =
-                    FA_I_PACK(dk[i][0] * p.scale, dk[i][1] * p.scale);
-                *(uint32_t *)(gdv + (int64_t)key0 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][0], dv[i][1]);
-            }
-            if (key1 < p.seqlen_k) {
-                *(uint32_t *)(gdk + (int64_t)key1 * p.dk_layout.seq + col) =
-                    FA_I_PACK(dk[i][2] * p.scale, dk[i][3] * p.scale);
-                *(uint32_t *)(gdv + (int64_t)key1 * p.dv_layout.seq + col) = FA_I_PACK(dv[i][2], dv[i][3]);
-            }
+            FA_I_STORE_DK_DV(key0, col, dk[i][0], dk[i][1], dv[i][0], dv[i][1])
+            FA_I_STORE_DK_DV(key1, col, dk[i][2], dk[i][3], dv[i][2], dv[i][3])
         }
     }
 }

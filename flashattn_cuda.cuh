@@ -230,7 +230,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 /* The dK/dV tile where the device allows less shared memory per block than
    the one above needs, as the 99 KB of compute capability 8.6 and 8.9 (same
    fields; 0 keys: none). Only up to d = 96: above, the deterministic
-   mode's dQ kernel and most forward tiles don't fit 99 KB either. */
+   mode's dQ kernel (and at d = 128 - 192 the forward) doesn't fit 99 KB
+   either. */
 #define FA_I_BWD99_32 64, 64, 2, 2, 2, 4, 4
 #define FA_I_BWD99_64 64, 64, 2, 2, 2, 4, 4
 #define FA_I_BWD99_96 64, 64, 2, 1, 2, 4, 4
@@ -2094,36 +2095,22 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
     fa_i_cp_async_commit();
 }
 
-/* The backward's dK/dV kernel (pass 6) in both modes: bwd_kvq adds dQ by
-   atomics, bwd_kv leaves dQ to the deterministic mode's dQ kernel; and both
-   again on the 99 KB tile where there is one. */
+/* The backward's dK/dV kernels (pass 7: pass 6 in both modes) on the
+   table's tile, and again, names suffixed 99, on the 99 KB tile where there
+   is one. */
 #undef FA_I_PASS
-#define FA_I_PASS 6
+#define FA_I_PASS 7
 #define FA_I_BWD_KERNEL_CFG FA_I_BWD_CFG
-#define FA_I_BWD_DQ 1
-#define FA_I_BWD_KERNEL bwd_kvq
+#define FA_I_BWD_SUFFIX
 #include "flashattn_cuda.cuh"
-#undef FA_I_BWD_DQ
-#undef FA_I_BWD_KERNEL
-#define FA_I_BWD_DQ 0
-#define FA_I_BWD_KERNEL bwd_kv
-#include "flashattn_cuda.cuh"
-#undef FA_I_BWD_DQ
-#undef FA_I_BWD_KERNEL
 #undef FA_I_BWD_KERNEL_CFG
+#undef FA_I_BWD_SUFFIX
 #if FA_I_CFG(FA_I_BWD99_CFG, FA_I_B_KEYS)
 #define FA_I_BWD_KERNEL_CFG FA_I_BWD99_CFG
-#define FA_I_BWD_DQ 1
-#define FA_I_BWD_KERNEL bwd_kvq99
+#define FA_I_BWD_SUFFIX 99
 #include "flashattn_cuda.cuh"
-#undef FA_I_BWD_DQ
-#undef FA_I_BWD_KERNEL
-#define FA_I_BWD_DQ 0
-#define FA_I_BWD_KERNEL bwd_kv99
-#include "flashattn_cuda.cuh"
-#undef FA_I_BWD_DQ
-#undef FA_I_BWD_KERNEL
 #undef FA_I_BWD_KERNEL_CFG
+#undef FA_I_BWD_SUFFIX
 #endif
 #if FA_I_HAS_SM90_BWD /* the FA3 backward: pass 5 */
 #undef FA_I_PASS
@@ -3096,4 +3083,24 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_S_KEY
 #undef FA_I_STORE_S
 #undef FA_I_BWD_LOAD
+
+/* ======================================================================== */
+#elif FA_I_PASS == 7
+/* Pass 6 in both modes on the tile FA_I_BWD_KERNEL_CFG, kernel names
+   suffixed FA_I_BWD_SUFFIX: bwd_kvq adds dQ by atomics, bwd_kv leaves dQ to
+   the deterministic mode's dQ kernel. */
+#undef FA_I_PASS
+#define FA_I_PASS 6
+#define FA_I_BWD_DQ 1
+#define FA_I_BWD_KERNEL FA_I_CAT(bwd_kvq, FA_I_BWD_SUFFIX)
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_DQ
+#undef FA_I_BWD_KERNEL
+#define FA_I_BWD_DQ 0
+#define FA_I_BWD_KERNEL FA_I_CAT(bwd_kv, FA_I_BWD_SUFFIX)
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_DQ
+#undef FA_I_BWD_KERNEL
+#undef FA_I_PASS
+#define FA_I_PASS 7
 #endif

@@ -257,7 +257,8 @@ def status_name(code):
 
 
 # GPU shims, built by `make test` only where a GPU is present: the default
-# build (FA3 on Hopper, FA2 elsewhere), FA2 forced (FA_SM90=0), FA1, and FA2 as on a 99 KB device.
+# build (FA3 on Hopper, FA2 elsewhere), FA2 forced (FA_SM90=0), FA1, and FA2
+# as on a 99 KB device.
 def load_gpu(name):
     """A build of tests/shim_cuda.cu (in build/, or an absolute path), or None."""
     lib = _load(name)

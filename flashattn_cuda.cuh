@@ -365,8 +365,8 @@ typedef struct fa_i_tma_maps {
 /* Arguments every backward kernel shares, beside the params. */
 typedef struct fa_i_bwd_args {
     float *dsum;   /* [B, Hq, Nq] D = rowsum(dO * O) */
-    float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, Nq, d], or tiled */
-    int dq_tiled;  /* FA3 backward: [B, Hq, 64-row blocks][64 d], see fa_i_bwd_postprocess */
+    float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, 64-row blocks][64 d], tiled as
+                      fa_i_bwd_postprocess says */
 } fa_i_bwd_args;
 
 #if FA_I_SM90
@@ -603,11 +603,11 @@ static __device__ __forceinline__ void fa_i_store8(void *dst, const float *f, fl
     *(uint4 *)dst = make_uint4(r[0], r[1], r[2], r[3]);
 }
 
-/* 64-row query blocks per head: the FA3 backward's steps and the tiled dQ
-   accumulator's blocks. */
+/* 64-row blocks per head of the dQ accumulator: whole pairs, so that the
+   FA2 kernel's 128-row steps stay inside a head's blocks. */
 static __host__ __device__ __forceinline__ int fa_i_dq_blocks(const fa_params *p)
 {
-    return (p->seqlen_q + 63) / 64;
+    return (p->seqlen_q + 127) / 128 * 2;
 }
 
 /* The backward's step `ahead` steps after step (head sh of the group, block
@@ -647,12 +647,6 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
         *(uint32_t *)(gdv + (int64_t)(key) * p.dv_layout.seq + (col)) = FA_I_PACK((dv0), (dv1)); \
     }
 
-/* Query rows per head in the dQ accumulator: whole 64-row blocks when tiled. */
-static __device__ __forceinline__ int fa_i_dq_acc_rows(const fa_params *p, const fa_i_bwd_args *a)
-{
-    return a->dq_tiled ? fa_i_dq_blocks(p) * 64 : p->seqlen_q;
-}
-
 /* Lanes per query row in the preprocess: the power of two that covers d with
    16 bytes each (several rows per warp below d = 160). */
 static __host__ __device__ __forceinline__ int fa_i_pre_lanes(int d)
@@ -664,7 +658,7 @@ static __host__ __device__ __forceinline__ int fa_i_pre_lanes(int d)
    zeroed (padding rows too), fa_i_pre_lanes(d) lanes per row. */
 static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 {
-    const int d = p.head_dim, lanes = fa_i_pre_lanes(d), per_head = fa_i_dq_acc_rows(&p, &a);
+    const int d = p.head_dim, lanes = fa_i_pre_lanes(d), per_head = fa_i_dq_blocks(&p) * 64;
     const int lane = threadIdx.x & (lanes - 1);
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
     const int64_t bh = row / per_head;
@@ -687,55 +681,39 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
     if (lane == 0 && has_d) a.dsum[bh * p.seqlen_q + s] = sum;
 }
 
-/* dQ = scale * accumulator in the params' dtype and layout, 8 elements (one
-   16-byte store) per thread. The FA3 backward's tiled accumulator: each
-   64-row block is 64 d floats in the order of its warpgroups' dQ registers
-   (accumulator element i of thread t of the part of columns 64 c ... at
-   float (8 c + i / 4) 512 + 4 t + i % 4), so that its shared-memory writes
-   are conflict-free and a part leaves in one bulk copy. Thread x of a block
-   takes column chunk j = x % (d / 8) of row group m = x / (d / 8): floats
-   512 j + 16 m ... + 15, which are columns 8 j ... 8 j + 7 of rows r and
-   r + 8, r = 16 (m / 8) + m % 8 (pairs of (r, r + 8) from each of four
-   neighbouring threads). Neighbouring x take neighbouring chunks of a row,
-   so a warp's stores cover whole rows. */
+/* dQ = scale * accumulator in the params' dtype and layout. The accumulator
+   is tiled in the order of the MMA accumulators: each 64-row block is d / 8
+   column groups of 512 floats, and in a group, thread t = 32 (r / 16) +
+   4 (r % 8) + c / 2 of rows 16 (r / 16) ... holds its 4 floats (columns c,
+   c + 1 of rows r and r + 8) at 4 t. So a warp's mma.sync tile (FA2) or a
+   warpgroup's wgmma registers (FA3) leave in 16-byte pieces without shuffles,
+   and the FA3 kernel's shared-memory writes are conflict-free. Here thread
+   x of a block takes column chunk j = x % (d / 8) of row group m = x / (d /
+   8): floats 512 j + 16 m ... + 15, which are columns 8 j ... 8 j + 7 of
+   rows r and r + 8, r = 16 (m / 8) + m % 8 (pairs of (r, r + 8) from each
+   of four neighbouring threads). Neighbouring x take neighbouring chunks of
+   a row, so a warp's stores cover whole rows. */
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int d = p.head_dim, bf16 = p.dtype == FA_DTYPE_BF16;
+    const int blocks = fa_i_dq_blocks(&p), x = (int)(t % (4 * d));
+    const int j = x % (d / 8), m = x / (d / 8);
+    const int64_t block = t / (4 * d), bh = block / blocks;
+    const float4 *src = (const float4 *)(a.dq_acc + block * 64 * d + 512 * j + 16 * m);
+    const int r = (int)(block % blocks) * 64 + 16 * (m >> 3) + (m & 7);
     float f[16];
-    int64_t bh;
-    int r, c, n, i;
-    if (a.dq_tiled) {
-        const int blocks = fa_i_dq_blocks(&p), x = (int)(t % (4 * d));
-        const int j = x % (d / 8), m = x / (d / 8);
-        const int64_t block = t / (4 * d);
-        const float4 *src = (const float4 *)(a.dq_acc + block * 64 * d + 512 * j + 16 * m);
-        if (block >= (int64_t)p.batch * p.heads_q * blocks) return;
-        for (i = 0; i < 4; ++i) {
-            const float4 v = src[i];
-            f[2 * i] = v.x, f[2 * i + 1] = v.y, f[8 + 2 * i] = v.z, f[8 + 2 * i + 1] = v.w;
-        }
-        bh = block / blocks;
-        r = (int)(block % blocks) * 64 + 16 * (m >> 3) + (m & 7);
-        c = 8 * j;
-        n = 2;
-    } else {
-        const int64_t row = t / (d / 8);
-        if (row >= (int64_t)p.batch * p.heads_q * p.seqlen_q) return;
-        c = 8 * (int)(t % (d / 8));
-        for (i = 0; i < 2; ++i) {
-            const float4 v = ((const float4 *)(a.dq_acc + row * d + c))[i];
-            f[4 * i] = v.x, f[4 * i + 1] = v.y, f[4 * i + 2] = v.z, f[4 * i + 3] = v.w;
-        }
-        bh = row / p.seqlen_q;
-        r = (int)(row % p.seqlen_q);
-        n = 1;
+    int i;
+    if (block >= (int64_t)p.batch * p.heads_q * blocks) return;
+    for (i = 0; i < 4; ++i) {
+        const float4 v = src[i];
+        f[2 * i] = v.x, f[2 * i + 1] = v.y, f[8 + 2 * i] = v.z, f[8 + 2 * i + 1] = v.w;
     }
-    for (i = 0; i < n && r + 8 * i < p.seqlen_q; ++i)
+    for (i = 0; i < 2 && r + 8 * i < p.seqlen_q; ++i)
         fa_i_store8((uint16_t *)p.dq +
                         fa_i_dev_offset(&p.dq_layout, (int)(bh / p.heads_q), (int)(bh % p.heads_q),
                                         r + 8 * i) +
-                        c,
+                        8 * j,
                     f + 8 * i, p.scale, bf16);
 }
 
@@ -1454,9 +1432,7 @@ FA_API int fa_cuda_forward_algorithm(const fa_params *params)
     return fa_i_plan_forward(params, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
-/* Floats of the atomic mode's dQ accumulator: whole 64-row blocks per head,
-   as the FA3 backward's tiled order needs (the FA2 kernels use the first
-   B Hq Nq d of them). */
+/* Floats of the atomic mode's dQ accumulator (fa_i_dq_blocks per head). */
 static size_t fa_i_dq_acc_floats(const fa_params *p)
 {
     return (size_t)p->batch * p->heads_q * fa_i_dq_blocks(p) * 64 * p->head_dim;
@@ -1522,7 +1498,6 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
         return fa_i_fail(FA_ERR_WORKSPACE, "backward needs %zu bytes, 16-byte aligned", need);
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
-    a.dq_tiled = plan.algorithm == 3;
     /* fa_i_pre_lanes(d) threads per (padded) dQ accumulator row */
     s = fa_i_launch((const void *)fa_i_bwd_preprocess,
                     dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(p) / p->head_dim) *
@@ -1536,24 +1511,22 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
             s = fa_i_launch(k->sm90_bwd.fn,
                             dim3(fa_i_blocks(p->seqlen_k, k->sm90_bwd.keys), p->heads_kv, p->batch),
                             k->sm90_bwd.threads, k->sm90_bwd.smem, stream, p, &plan.fa3);
-        if (s == FA_OK) /* 64 rows x d / 16 threads per block */
-            s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                            dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p) / 16, 256)), 256, 0,
-                            stream, p, &a);
-        return s;
-    }
+    } else
 #endif
-    if (s == FA_OK) {
+    {
         const fa_i_bwd_kernel *kv = plan.kv;
-        s = fa_i_launch(kv->fn, dim3(fa_i_blocks(p->seqlen_k, kv->keys), p->heads_kv, p->batch),
-                        kv->threads, kv->smem, stream, p, &a);
+        if (s == FA_OK)
+            s = fa_i_launch(kv->fn, dim3(fa_i_blocks(p->seqlen_k, kv->keys), p->heads_kv, p->batch),
+                            kv->threads, kv->smem, stream, p, &a);
+        if (s == FA_OK && deterministic)
+            s = fa_i_launch(k->bwd_q,
+                            dim3(fa_i_blocks(p->seqlen_q, k->bwd_q_rows), p->heads_q, p->batch),
+                            k->bwd_q_threads, k->bwd_q_smem, stream, p, &a);
     }
-    if (s == FA_OK && deterministic)
-        s = fa_i_launch(k->bwd_q, dim3(fa_i_blocks(p->seqlen_q, k->bwd_q_rows), p->heads_q, p->batch),
-                        k->bwd_q_threads, k->bwd_q_smem, stream, p, &a);
-    if (s == FA_OK && !deterministic) /* 8 elements per thread */
+    if (s == FA_OK && !deterministic) /* 64 rows x d / 16 threads per block */
         s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                        dim3(fa_i_blocks(rows * p->head_dim / 8, 256)), 256, 0, stream, p, &a);
+                        dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p) / 16, 256)), 256, 0, stream,
+                        p, &a);
     return s;
 }
 
@@ -2948,8 +2921,9 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_BWD_TILE
     static_assert(SM % 16 == 0 && SN % 16 == 0 && KN % 16 == 0 && KD % 16 == 0 && QM % 16 == 0 &&
                       QD % 16 == 0 && SM <= 64 && KN <= 64 && QM <= 64 && (QS == 1 || QS == 2) &&
-                      (DOS == 1 || DOS == 2),
-                  "flashattn: backward warp tiles are multiples of 16, at most 64 rows");
+                      (DOS == 1 || DOS == 2) && BM % 64 == 0 && 64 % QM == 0,
+                  "flashattn: backward warp tiles are multiples of 16, at most 64 rows; steps "
+                  "of whole 64-row accumulator blocks");
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
     uint16_t *sdo = sq + QS * BM * LD, *sp = sdo + DOS * BM * LD, *sds = sp + BM * LDP;
@@ -2959,6 +2933,10 @@ static __global__ void __launch_bounds__(256, 1)
     const int s_row = warp % SW * SM, s_key = warp / SW * SN; /* the warp's tiles' origins */
     const int kv_key = warp % KW * KN, kv_col = warp / KW * KD;
     const int q_row = warp % QW * QM, q_col = warp / QW * QD;
+    /* this thread's first dQ fragment in a step's rows of the accumulator
+       (fa_i_bwd_postprocess; a warp's rows stay in one 64-row block) */
+    const int dq_rows = fa_i_dq_blocks(&p) * 64;
+    const int dq_lane = q_row / 64 * 64 * D + q_row % 64 / 16 * 128 + q_col / 8 * 512 + 4 * lane;
     const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
     const int group = p.heads_q / p.heads_kv;
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
@@ -3041,27 +3019,17 @@ static __global__ void __launch_bounds__(256, 1)
             }
             fa_i_cp_async_commit();
         }
-        if (FA_I_BWD_DQ) { /* dQ += dS K on this warp's rows and columns */
+        if (FA_I_BWD_DQ) { /* dQ += dS K on this warp's rows and columns, a fragment's 4 floats
+                              in one 16-byte piece of the tiled accumulator */
             float dq[QM / 16 * QD / 8][4];
-            float *acc = a.dq_acc + (((int64_t)b * p.heads_q + h) * p.seqlen_q) * D;
+            float *acc = a.dq_acc + ((int64_t)(b * p.heads_q + h) * dq_rows + r0) * D + dq_lane;
             fa_i_zero_acc(dq, QM / 16 * QD / 8);
             FA_I_NAME(warp_gemm, FA_I_DT)(dq, QM / 16, QD / 16, BN, sds + q_row * LDP, LDP, 0,
                                           sk + q_col, LD, 1);
 #pragma unroll
-            for (i = 0; i < QM / 16 * QD / 8; ++i) {
-                /* lanes l, l ^ 1 hold columns c..c+1, c+2..c+3 of rows q0 and
-                   q0 + 8: they swap halves, the even lane adds 4 columns of
-                   row q0, the odd one 4 of row q0 + 8 */
-                const int odd = lane & 1;
-                const int row = r0 + q_row + 16 * (i / (QD / 8)) + (lane >> 2) + 8 * odd;
-                const int col = q_col + 8 * (i % (QD / 8)) + 2 * (lane & 3) - 2 * odd;
-                const float x = __shfl_xor_sync(0xffffffffu, odd ? dq[i][0] : dq[i][2], 1);
-                const float y = __shfl_xor_sync(0xffffffffu, odd ? dq[i][1] : dq[i][3], 1);
-                if (row < p.seqlen_q)
-                    fa_i_red_add4(acc + (int64_t)row * D + col,
-                                  odd ? make_float4(x, y, dq[i][2], dq[i][3])
-                                      : make_float4(dq[i][0], dq[i][1], x, y));
-            }
+            for (i = 0; i < QM / 16 * QD / 8; ++i)
+                fa_i_red_add4(acc + 128 * (i / (QD / 8)) + 512 * (i % (QD / 8)),
+                              make_float4(dq[i][0], dq[i][1], dq[i][2], dq[i][3]));
         }
         FA_I_BWD_ADVANCE(sh, sb, blocks);
     }

@@ -19,7 +19,8 @@ GPU_ARCH ?= -gencode=arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
 endif
 NVFLAGS := -O3 -Xcompiler -fPIC $(GPU_ARCH)
 GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflashattn_cuda_fa2_test.so \
-              $(BUILD)/libflashattn_cuda_fa1_test.so $(BUILD)/libflashattn_cuda_smem99_test.so)
+              $(BUILD)/libflashattn_cuda_fa1_test.so $(BUILD)/libflashattn_cuda_smem163_test.so \
+              $(BUILD)/libflashattn_cuda_smem99_test.so)
 # FA3 ablations for the benchmark: no intra-warpgroup overlap, no ping-pong.
 BENCH_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_nooverlap.so $(BUILD)/libflashattn_cuda_nopingpong.so)
 GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
@@ -48,7 +49,9 @@ $(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 # The CUDA test shim in each build the tests and the benchmark compare.
 $(BUILD)/libflashattn_cuda_fa2_test.so: SHIM_FLAGS := -DFA_SM90=0
 $(BUILD)/libflashattn_cuda_fa1_test.so: SHIM_FLAGS := -DFA_VARIANT=1
-# As on a GPU that allows 99 KB of shared memory per block (compute capability 8.6, 8.9).
+# As on GPUs that allow 163 KB (compute capability 8.0) or 99 KB (8.6, 8.9)
+# of shared memory per block.
+$(BUILD)/libflashattn_cuda_smem163_test.so: SHIM_FLAGS := -DFA_SM90=0 -DFA_I_TEST_SMEM_OPTIN=166912
 $(BUILD)/libflashattn_cuda_smem99_test.so: SHIM_FLAGS := -DFA_SM90=0 -DFA_I_TEST_SMEM_OPTIN=101376
 $(BUILD)/libflashattn_cuda_nooverlap.so: SHIM_FLAGS := -DFA_SM90_OVERLAP=0
 $(BUILD)/libflashattn_cuda_nopingpong.so: SHIM_FLAGS := -DFA_SM90_PINGPONG=0

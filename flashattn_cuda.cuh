@@ -227,6 +227,18 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWD_160 64, 64, 2, 1, 4, 4, 4
 #define FA_I_BWD_192 64, 64, 2, 1, 4, 4, 4
 #define FA_I_BWD_256 64, 64, 1, 1, 4, 2, 2
+/* The dK/dV tile where the device allows 227 KB of shared memory per block
+   (compute capability 9.0, 10.0; same fields; 0 keys: none): a second
+   stage of Q (and dO) where it fits no sm_80 budget. Measured faster on the
+   H200 at d = 64 (+5%) and 256 (+6 to +7%), not at d = 128 (bench/NOTES.md
+   v13). */
+#define FA_I_BWD227_32 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD227_64 128, 128, 2, 2, 2, 4, 4
+#define FA_I_BWD227_96 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD227_128 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD227_160 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD227_192 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD227_256 64, 64, 2, 1, 4, 2, 2
 /* The dK/dV tile where the device allows less shared memory per block than
    the one above needs, as the 99 KB of compute capability 8.6 and 8.9 (same
    fields; 0 keys: none). Only up to d = 96: above, the deterministic
@@ -345,8 +357,10 @@ typedef struct fa_i_kernels {
     const void *fwd;
     int fwd_rows, fwd_threads;
     size_t fwd_smem;
-    fa_i_bwd_kernel bwd_kv[2]; /* [0] adds dQ by atomics, [1] leaves dQ to bwd_q */
-    fa_i_bwd_kernel bwd_kv99[2]; /* the same on the 99 KB tile (NULL fn: none) */
+    /* dK/dV per tile, most shared memory first (FA_I_BWD227_<d>, FA_I_BWD_<d>,
+       FA_I_BWD99_<d>; NULL fn: none) and per mode ([0] adds dQ by atomics,
+       [1] leaves dQ to bwd_q) */
+    fa_i_bwd_kernel bwd_kv[3][2];
     const void *bwd_q;
     int bwd_q_rows, bwd_q_threads;
     size_t bwd_q_smem;
@@ -1188,15 +1202,17 @@ static cudaError_t fa_i_device_facts(fa_i_device *d)
     return cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, dev);
 }
 
-/* The backward's dK/dV kernel for the mode that fits the device: the
-   table's tile, else the 99 KB one; NULL where neither does. */
+/* The backward's dK/dV kernel for the mode on the largest tile that fits
+   the device; NULL where none does. */
 static const fa_i_bwd_kernel *fa_i_bwd_kv_kernel(const fa_i_kernels *k, int deterministic,
                                                  const fa_i_device *device)
 {
-    const fa_i_bwd_kernel *kv = &k->bwd_kv[deterministic];
-    if ((size_t)device->smem_optin >= kv->smem) return kv;
-    kv = &k->bwd_kv99[deterministic];
-    return kv->fn && (size_t)device->smem_optin >= kv->smem ? kv : NULL;
+    int tile;
+    for (tile = 0; tile < 3; ++tile) {
+        const fa_i_bwd_kernel *kv = &k->bwd_kv[tile][deterministic];
+        if (kv->fn && (size_t)device->smem_optin >= kv->smem) return kv;
+    }
+    return NULL;
 }
 
 /* Validates for the GPU: resolved params, kernels, device and alignment;
@@ -1236,7 +1252,7 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
         need = k->bwd_q_smem;
         for (mode = 0; mode < 2; ++mode) {
             const fa_i_bwd_kernel *kv = fa_i_bwd_kv_kernel(k, mode, device);
-            const size_t smem = kv ? kv->smem : k->bwd_kv[mode].smem;
+            const size_t smem = kv ? kv->smem : k->bwd_kv[1][mode].smem; /* the sm_80 tile's */
             if (smem > need) need = smem;
         }
     }
@@ -1539,9 +1555,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 /* ======================================================================== */
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
-#define FA_I_NO_KERNELS \
-    {0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}, 0, 0, 0, 0, \
-     {{0, 0, 0, 0}, {0, 0, 0, 0}}, {0, 0, 0, 0}}
+#define FA_I_NO_KERNELS                                                                        \
+    {0, 0, 0, 0, {{{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}}, \
+     0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {0, 0, 0, 0}}
 #if !FA_I_BUILD_D(FA_I_D)
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
 #else
@@ -1558,6 +1574,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_FWD_STAGES FA_I_CAT(FA_I_FWD_STAGES_, FA_I_D)
 #endif
 #define FA_I_BWD_CFG (FA_I_CAT(FA_I_BWD_, FA_I_D))
+#define FA_I_BWD227_CFG (FA_I_CAT(FA_I_BWD227_, FA_I_D))
 #define FA_I_BWD99_CFG (FA_I_CAT(FA_I_BWD99_, FA_I_D))
 #define FA_I_BWDQ_CFG (FA_I_CAT(FA_I_BWDQ_, FA_I_D))
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
@@ -1651,6 +1668,8 @@ static_assert(FA_I_SM90_BWD_SMEM <= FA_I_SM90_SMEM_MAX, "flashattn: FA3 backward
 static_assert(FA_I_FWD_SMEM <= FA_I_SMEM_MAX, "flashattn: forward tile exceeds shared memory");
 static_assert(FA_I_BWD_SMEM_OF(FA_I_BWD_CFG) <= FA_I_SMEM_MAX,
               "flashattn: backward tile exceeds shared memory");
+static_assert(FA_I_BWD_SMEM_OF(FA_I_BWD227_CFG) <= 227 * 1024,
+              "flashattn: the 227 KB backward tile exceeds 227 KB");
 static_assert(FA_I_BWD_SMEM_OF(FA_I_BWD99_CFG) <= 99 * 1024,
               "flashattn: the 99 KB backward tile exceeds 99 KB");
 static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
@@ -1673,17 +1692,24 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 /* The backward's dK/dV kernels (with dQ, without) share their tile. */
 #define FA_I_BWD_ENTRY(kernel, dt, cfg) \
     {(const void *)FA_I_NAME(kernel, dt), FA_I_CFG(cfg, FA_I_B_KEYS), 256, FA_I_BWD_SMEM_OF(cfg)}
-#if FA_I_CFG(FA_I_BWD99_CFG, FA_I_B_KEYS)
-#define FA_I_BWD99_ENTRIES(dt) \
-    {FA_I_BWD_ENTRY(bwd_kvq99, dt, FA_I_BWD99_CFG), FA_I_BWD_ENTRY(bwd_kv99, dt, FA_I_BWD99_CFG)}
+#define FA_I_BWD_ENTRIES(dt, suffix, cfg)                          \
+    {FA_I_BWD_ENTRY(FA_I_CAT(bwd_kvq, suffix), dt, cfg),          \
+     FA_I_BWD_ENTRY(FA_I_CAT(bwd_kv, suffix), dt, cfg)}
+#define FA_I_BWD_NO_ENTRIES {{0, 0, 0, 0}, {0, 0, 0, 0}}
+#if FA_I_CFG(FA_I_BWD227_CFG, FA_I_B_KEYS)
+#define FA_I_BWD227_ENTRIES(dt) FA_I_BWD_ENTRIES(dt, 227, FA_I_BWD227_CFG)
 #else
-#define FA_I_BWD99_ENTRIES(dt) {{0, 0, 0, 0}, {0, 0, 0, 0}}
+#define FA_I_BWD227_ENTRIES(dt) FA_I_BWD_NO_ENTRIES
+#endif
+#if FA_I_CFG(FA_I_BWD99_CFG, FA_I_B_KEYS)
+#define FA_I_BWD99_ENTRIES(dt) FA_I_BWD_ENTRIES(dt, 99, FA_I_BWD99_CFG)
+#else
+#define FA_I_BWD99_ENTRIES(dt) FA_I_BWD_NO_ENTRIES
 #endif
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
      32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), FA_I_FWD_SMEM,                                  \
-     {FA_I_BWD_ENTRY(bwd_kvq, dt, FA_I_BWD_CFG), FA_I_BWD_ENTRY(bwd_kv, dt, FA_I_BWD_CFG)},    \
-     FA_I_BWD99_ENTRIES(dt),                                                                  \
+     {FA_I_BWD227_ENTRIES(dt), FA_I_BWD_ENTRIES(dt, , FA_I_BWD_CFG), FA_I_BWD99_ENTRIES(dt)},   \
      (const void *)FA_I_NAME(bwd_q, dt), FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST),                 \
      32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), FA_I_BWDQ_SMEM, FA_I_SM90_ENTRIES(dt),          \
      FA_I_SM90_BWD_ENTRY(dt)}
@@ -1701,6 +1727,9 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 };
 #undef FA_I_ENTRY
 #undef FA_I_BWD_ENTRY
+#undef FA_I_BWD_ENTRIES
+#undef FA_I_BWD_NO_ENTRIES
+#undef FA_I_BWD227_ENTRIES
 #undef FA_I_BWD99_ENTRIES
 #undef FA_I_SM90_ENTRIES
 #undef FA_I_HAS_SM90
@@ -1729,6 +1758,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_FWD_CFG
 #undef FA_I_FWD_STAGES
 #undef FA_I_BWD_CFG
+#undef FA_I_BWD227_CFG
 #undef FA_I_BWD99_CFG
 #undef FA_I_BWDQ_CFG
 #undef FA_I_CFG
@@ -2069,8 +2099,8 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
 }
 
 /* The backward's dK/dV kernels (pass 7: pass 6 in both modes) on the
-   table's tile, and again, names suffixed 99, on the 99 KB tile where there
-   is one. */
+   table's tile, and again, names suffixed 227 or 99, on the 227 KB and the
+   99 KB tiles where there are. */
 #undef FA_I_PASS
 #define FA_I_PASS 7
 #define FA_I_BWD_KERNEL_CFG FA_I_BWD_CFG
@@ -2078,6 +2108,13 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
 #include "flashattn_cuda.cuh"
 #undef FA_I_BWD_KERNEL_CFG
 #undef FA_I_BWD_SUFFIX
+#if FA_I_CFG(FA_I_BWD227_CFG, FA_I_B_KEYS)
+#define FA_I_BWD_KERNEL_CFG FA_I_BWD227_CFG
+#define FA_I_BWD_SUFFIX 227
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_KERNEL_CFG
+#undef FA_I_BWD_SUFFIX
+#endif
 #if FA_I_CFG(FA_I_BWD99_CFG, FA_I_B_KEYS)
 #define FA_I_BWD_KERNEL_CFG FA_I_BWD99_CFG
 #define FA_I_BWD_SUFFIX 99

@@ -4,8 +4,8 @@ A Problem holds one attention configuration and its random inputs as float64
 logical [B, N, H, d] arrays (already rounded to the storage dtype), stores
 them in the requested layout, and runs a backend on them: 'fa2' and 'fa1'
 (CPU loop orders), 'ref' (flashattn_ref.h) or 'gpu' (flashattn_cuda.cuh;
-also 'gpu_fa2' with the Hopper kernel compiled out, 'gpu_fa1', and 'gpu99' as
-on a device with 99 KB of shared memory per block).
+also 'gpu_fa2' with the Hopper kernel compiled out, 'gpu_fa1', and 'gpu163',
+'gpu99' as on devices with 163 or 99 KB of shared memory per block).
 """
 import ctypes
 import os
@@ -223,8 +223,8 @@ def call_forward(backend, p, threads=2):
         return GPU_FA1.fa_test_gpu_forward(ctypes.byref(p))
     if backend == "gpu_fa2":
         return GPU_FA2.fa_test_gpu_forward(ctypes.byref(p))
-    if backend == "gpu99":
-        return GPU_SMEM99.fa_test_gpu_forward(ctypes.byref(p))
+    if backend in GPU_CAPPED:
+        return GPU_CAPPED[backend].fa_test_gpu_forward(ctypes.byref(p))
     return CPU.fa_cpu_forward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 
@@ -235,8 +235,9 @@ def call_backward(backend, p, threads=2):
         return GPU.fa_test_gpu_backward(ctypes.byref(p), int(backend == "gpu_det"))
     if backend == "gpu_fa2":
         return GPU_FA2.fa_test_gpu_backward(ctypes.byref(p), 0)
-    if backend in ("gpu99", "gpu99_det"):
-        return GPU_SMEM99.fa_test_gpu_backward(ctypes.byref(p), int(backend == "gpu99_det"))
+    if backend.removesuffix("_det") in GPU_CAPPED:
+        return GPU_CAPPED[backend.removesuffix("_det")].fa_test_gpu_backward(
+            ctypes.byref(p), int(backend.endswith("_det")))
     return CPU.fa_cpu_backward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 
@@ -258,7 +259,8 @@ def status_name(code):
 
 # GPU shims, built by `make test` only where a GPU is present: the default
 # build (FA3 on Hopper, FA2 elsewhere), FA2 forced (FA_SM90=0), FA1, and FA2
-# as on a 99 KB device.
+# as on devices that allow 163 KB (compute capability 8.0) or 99 KB (8.6,
+# 8.9) of shared memory per block.
 def load_gpu(name):
     """A build of tests/shim_cuda.cu (in build/, or an absolute path), or None."""
     lib = _load(name)
@@ -272,4 +274,6 @@ def load_gpu(name):
 GPU = load_gpu("libflashattn_cuda_test.so")
 GPU_FA2 = load_gpu("libflashattn_cuda_fa2_test.so")
 GPU_FA1 = load_gpu("libflashattn_cuda_fa1_test.so")
-GPU_SMEM99 = load_gpu("libflashattn_cuda_smem99_test.so")  # as a 99 KB device
+GPU_SMEM163 = load_gpu("libflashattn_cuda_smem163_test.so")
+GPU_SMEM99 = load_gpu("libflashattn_cuda_smem99_test.so")
+GPU_CAPPED = {"gpu163": GPU_SMEM163, "gpu99": GPU_SMEM99}

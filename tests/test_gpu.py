@@ -124,30 +124,29 @@ case("gpu_fa1_fwd_window_softcap", gpu_fa1_forward, seqlen_q=100, seqlen_k=70, h
      dtype="f16", window=(10, 10), softcap=4.0)
 
 
-# As on a GPU that allows 99 KB of shared memory per block (compute
-# capability 8.6, 8.9: the FA_SM90=0 build with the device's limit capped):
-# the forward runs where its tile fits, the backward on its 99 KB tile; every
-# other call is FA_ERR_UNSUPPORTED and writes nothing.
-SMEM99_FORWARD = (32, 64, 96, 256)
-SMEM99_BACKWARD = (32, 64, 96)
+# As on GPUs that allow less shared memory per block than the H200 (the
+# FA_SM90=0 build with the device's limit capped): 163 KB (compute capability
+# 8.0) runs every head dim, the backward at d = 64 and 256 on the sm_80 tiles
+# that the H200 leaves for its 227 KB ones; 99 KB (8.6, 8.9) runs the forward
+# where its tile fits and the backward on its 99 KB tile, and every other call
+# is FA_ERR_UNSUPPORTED and writes nothing.
+CAPPED = {  # backend: (library, forward head dims, backward head dims, dims tested)
+    "gpu163": ("GPU_SMEM163", HEAD_DIMS, HEAD_DIMS, (64, 256)),
+    "gpu99": ("GPU_SMEM99", (32, 64, 96, 256), (32, 64, 96), (32, 64, 96)),
+}
 
 
-def gpu99_backward(**cfg):
-    need_gpu("GPU_SMEM99")
-    return backward_case(backends=("gpu99", "gpu99_det"), **cfg)
+def gpu_capped_backward(backend, **cfg):
+    need_gpu(CAPPED[backend][0])
+    return backward_case(backends=(backend, backend + "_det"), **cfg)
 
 
-for d in SMEM99_BACKWARD:
-    case(f"gpu_smem99_bwd_d{d}", gpu99_backward, heads_q=4, heads_kv=2, seqlen_q=150,
-         seqlen_k=190, head_dim=d, dtype="bf16")
-    case(f"gpu_smem99_bwd_causal_d{d}", gpu99_backward, seqlen_q=130, seqlen_k=257, head_dim=d,
-         dtype="f16", causal=True)
-
-
-@test
-def gpu_smem99_support():
-    lib = need_gpu("GPU_SMEM99")
-    prob = fa.Problem(rng_for("gpu_smem99"), seqlen_q=70, seqlen_k=90, dtype="bf16")
+def gpu_capped_support(backend):
+    """fa_cuda_supported per head dim and pass as the table says, and a refused call
+    writes nothing."""
+    lib_name, forward_dims, backward_dims, _ = CAPPED[backend]
+    lib = need_gpu(lib_name)
+    prob = fa.Problem(rng_for("gpu_" + backend), seqlen_q=70, seqlen_k=90, dtype="bf16")
     seen = []
     for d in HEAD_DIMS:
         prob.d = d
@@ -156,17 +155,27 @@ def gpu_smem99_support():
             t[n] = prob.tensor(n, np.full(prob._shape(n), 7.0))
         t["lse"] = np.zeros((1, prob.hq, prob.nq), np.float32)
         p = prob.params(t)
-        for pas, runs, call in ((0, SMEM99_FORWARD, fa.call_forward),
-                                (1, SMEM99_BACKWARD, fa.call_backward)):
+        for pas, runs, call in ((0, forward_dims, fa.call_forward),
+                                (1, backward_dims, fa.call_backward)):
             status = lib.fa_cuda_supported(ctypes.byref(p), pas)
             expected = fa.FA_OK if d in runs else fa.STATUS["FA_ERR_UNSUPPORTED"]
             assert status == expected, f"d = {d}, pass {pas}: {fa.status_name(status)}"
             if d not in runs:  # the call itself refuses, and writes nothing
                 before = {n: t[n].storage.copy() for n in ("o", "dq", "dk", "dv")}
-                assert call("gpu99", p) == expected
+                assert call(backend, p) == expected
                 assert all(np.array_equal(old, t[n].storage) for n, old in before.items())
-        seen.append(f"d{d}:" + "F" * (d in SMEM99_FORWARD) + "B" * (d in SMEM99_BACKWARD))
+        seen.append(f"d{d}:" + "F" * (d in forward_dims) + "B" * (d in backward_dims))
     return " ".join(seen)
+
+
+for backend, (_, _, _, tested) in CAPPED.items():
+    kb = backend[3:]
+    for d in tested:
+        case(f"gpu_smem{kb}_bwd_d{d}", gpu_capped_backward, backend, heads_q=4, heads_kv=2,
+             seqlen_q=150, seqlen_k=190, head_dim=d, dtype="bf16")
+        case(f"gpu_smem{kb}_bwd_causal_d{d}", gpu_capped_backward, backend, seqlen_q=130,
+             seqlen_k=257, head_dim=d, dtype="f16", causal=True)
+    case(f"gpu_smem{kb}_support", gpu_capped_support, backend)
 
 
 @test

@@ -198,8 +198,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    dQ, the rest of the 8 splitting the other side); backward dQ kernel of
    the deterministic mode (query rows, keys per tile, warps). Chosen so that
    the registers hold the accumulators without spills and the shared memory
-   (each row padded by 16 bytes: conflict-free ldmatrix) fits in 163 KB
-   (sm_80). The backward's tiles are FlashAttention-2's, 64 x 128 up to
+   (16-bit rows of pitch FA_I_PITCH: swizzled or padded, conflict-free
+   ldmatrix) fits in 163 KB (sm_80). The backward's tiles are FlashAttention-2's, 64 x 128 up to
    d = 128 and 64 x 64 above, but for 128 x 128 at d = 32, 64 (measured
    faster, bench/NOTES.md v10). */
 #define FA_I_FWD_32 128, 128, 4
@@ -241,9 +241,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWD227_256 64, 64, 2, 1, 4, 2, 2
 /* The dK/dV tile where the device allows less shared memory per block than
    the one above needs, as the 99 KB of compute capability 8.6 and 8.9 (same
-   fields; 0 keys: none). Only up to d = 96: above, the deterministic
-   mode's dQ kernel (and at d = 128 - 192 the forward) doesn't fit 99 KB
-   either. */
+   fields; 0 keys: none). Only up to d = 96 (at d = 128 a tile with one Q
+   stage would fit; not built yet); above, the forward (d = 160, 192) or
+   the deterministic mode's dQ kernel (d = 256) doesn't fit 99 KB either. */
 #define FA_I_BWD99_32 64, 64, 2, 2, 2, 4, 4
 #define FA_I_BWD99_64 64, 64, 2, 2, 2, 4, 4
 #define FA_I_BWD99_96 64, 64, 2, 1, 2, 4, 4
@@ -519,36 +519,53 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
     return (int64_t)b * l->batch + (int64_t)h * l->head + (int64_t)s * l->seq;
 }
 
+/* Pitch in elements of a 16-bit [rows][d] shared-memory tile: d where d is
+   a multiple of 64 (rows of whole 128-byte lines, their 16-byte chunks
+   XOR-swizzled by the row), else d + 8 (rows padded by 16 bytes). Either way
+   the 8 rows an ldmatrix reads at one column lie in distinct banks. The
+   swizzle also keeps each 32-byte sector a cp.async reads in one 32-byte
+   piece of shared memory: with the 16-byte padding, every other row's
+   sectors were split and the copies read 1.5 times their bytes from L2
+   (bench/NOTES.md v13). */
+#define FA_I_PITCH(d) ((d) % 64 == 0 ? (d) : (d) + 8)
+/* Element offset of (row, col) in a tile of pitch ld (FA_I_PITCH, or any
+   pitch that is not a multiple of 64 for a plain padded tile). */
+#define FA_I_SMEM_AT(row, col, ld) \
+    ((row) * (ld) + ((ld) % 64 == 0 ? ((((col) >> 3) ^ ((row) & 7)) << 3) | ((col) & 7) : (col)))
+
 /* Copies rows [row0, row0 + tile_rows) of a [rows][d] 16-bit matrix (row
-   stride in elements) into smem with pitch ld; rows at or past `rows` are
-   zero-filled. tpr threads share a row: the largest power of two that
-   divides its 16-byte chunks (so a whole row, 32 threads, at d = 256; a
-   warp's copy then reads whole rows, measured faster than 128-byte pieces
-   of 4 rows, bench/NOTES.md v12), each thread taking chunks 16 * tpr bytes
-   apart. The passes are unrolled: one 64-bit address per row a thread
-   copies, immediate offsets for its other chunks. tid is made opaque first:
-   otherwise the compiler hoists the addresses out of the caller's key loop
-   and holds them in registers, which spills the 64-key tiles. */
+   stride in elements) into a smem tile of pitch ld (FA_I_SMEM_AT); rows at
+   or past `rows` are zero-filled. tpr threads share a row: the largest power
+   of two that divides its 16-byte chunks (so a whole row, 32 threads, at d =
+   256; a warp's copy then reads whole rows, measured faster than 128-byte
+   pieces of 4 rows, bench/NOTES.md v12), each thread taking chunks 16 * tpr
+   bytes apart. The passes are unrolled: one 64-bit address per row a thread
+   copies, immediate offsets for its other chunks; a pass's rows r + k step
+   (r < step, both powers of two) keep r's low bits, so the swizzle of a
+   pass is the thread's first one XORed with a constant. tid is made opaque
+   first: otherwise the compiler hoists the addresses out of the caller's key
+   loop and holds them in registers, which spills the 64-key tiles. */
 static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, int row0, int rows,
                                                        int tile_rows, int d, int ld, int tid,
                                                        int nthreads)
 {
-    const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
-    int r, pass, c;
+    const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr, swizzled = ld % 64 == 0;
+    int r, x0, pass, c;
     const uint16_t *src;
     asm volatile("" : "+r"(tid));
     r = tid / tpr;
-    smem += r * ld + (tid % tpr) * 8;
+    x0 = swizzled ? (tid % tpr) ^ (r & 7) : tid % tpr; /* this thread's first chunk in smem */
+    smem += r * ld;
     src = g + (int64_t)(row0 + r) * stride + (tid % tpr) * 8;
 #pragma unroll
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
-            const int valid = row0 + r < rows;
+            const int valid = row0 + r < rows, x = swizzled ? x0 ^ (pass * step & 7) : x0;
             const uint16_t *from = valid ? src : g; /* a row past the end reads nothing */
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c)
-                fa_i_cp_async16(smem + pass * step * ld + c * tpr * 8, from + c * tpr * 8,
+                fa_i_cp_async16(smem + pass * step * ld + (x + c * tpr) * 8, from + c * tpr * 8,
                                 valid ? 16 : 0);
         }
 }
@@ -1580,7 +1597,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
 /* Shared memory of each kernel in bytes (16-bit rows padded by 8 elements). */
 #define FA_I_FWD_SMEM                                                       \
-    (2 * (FA_I_D + 8) *                                                     \
+    (2 * FA_I_PITCH(FA_I_D) *                                               \
      (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
 /* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
    stages the LSE, D and key range. */
@@ -1591,7 +1608,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
           2 * FA_I_CFG(cfg, FA_I_B_ROWS) * (FA_I_CFG(cfg, FA_I_B_KEYS) + 8)) +                   \
      4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
-    (2 * (FA_I_D + 8) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
+    (2 * FA_I_PITCH(FA_I_D) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_SM90 1
 /* Tile variant 0 serves every problem; variant 1, where a head dim has one
@@ -1774,21 +1791,23 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #define FA_I_MMA FA_I_CAT(fa_i_mma_, FA_I_DT)
 #define FA_I_PACK FA_I_CAT(fa_i_pack_, FA_I_DT)
 
-/* A operand (16 rows x 16 k) from a row-major smem tile with pitch ld. */
+/* Fragments from smem tiles of pitch ld (FA_I_SMEM_AT): base points at a
+   row that is a multiple of 8 (the swizzle's period), columns count from the
+   tile's first. A operand (16 rows x 16 k) from a row-major tile. */
 #define FA_I_LOAD_A(frag, base, ld, row0, k0) \
-    fa_i_ldmatrix_x4(frag, (base) + ((row0) + (lane & 15)) * (ld) + (k0) + (lane >> 4) * 8)
+    fa_i_ldmatrix_x4(frag, (base) + FA_I_SMEM_AT((row0) + (lane & 15), (k0) + (lane >> 4) * 8, ld))
 /* B operands of two 8-wide column blocks from a [n][k] smem tile. */
 #define FA_I_LOAD_B_NK(frag, base, ld, n0, k0)                                             \
-    fa_i_ldmatrix_x4(frag, (base) + ((n0) + (lane & 7) + ((lane >> 4) << 3)) * (ld) + (k0) + \
-                               ((lane >> 3) & 1) * 8)
+    fa_i_ldmatrix_x4(frag, (base) + FA_I_SMEM_AT((n0) + (lane & 7) + ((lane >> 4) << 3), \
+                                                 (k0) + ((lane >> 3) & 1) * 8, ld))
 /* B operands of two 8-wide column blocks from a [k][n] smem tile. */
-#define FA_I_LOAD_B_KN(frag, base, ld, k0, n0)                                                \
-    fa_i_ldmatrix_x4_trans(frag, (base) + ((k0) + (lane & 7) + (((lane >> 3) & 1) << 3)) * (ld) + \
-                                     (n0) + (lane >> 4) * 8)
+#define FA_I_LOAD_B_KN(frag, base, ld, k0, n0)                                                    \
+    fa_i_ldmatrix_x4_trans(frag, (base) + FA_I_SMEM_AT((k0) + (lane & 7) + (((lane >> 3) & 1) << 3), \
+                                                       (n0) + (lane >> 4) * 8, ld))
 /* A operand (16 m x 16 k) from an smem tile stored transposed, [k][m]. */
 #define FA_I_LOAD_A_KM(frag, base, ld, k0, m0)                                                \
-    fa_i_ldmatrix_x4_trans(frag, (base) + ((k0) + (lane & 7) + ((lane >> 4) << 3)) * (ld) + \
-                                     (m0) + ((lane >> 3) & 1) * 8)
+    fa_i_ldmatrix_x4_trans(frag, (base) + FA_I_SMEM_AT((k0) + (lane & 7) + ((lane >> 4) << 3), \
+                                                       (m0) + ((lane >> 3) & 1) * 8, ld))
 /* A operand for the k16 slice kk taken from accumulator tiles acc (P as A). */
 #define FA_I_ACC_AS_A(frag, acc, kk)                              \
     do {                                                          \
@@ -1800,14 +1819,16 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 
 /* c += A B for one warp's tile of 16 mt rows by 16 nt columns, over kdim
    (a multiple of 16): A from smem as [m][k] (pitch lda) or, if a_km,
-   [k][m]; B as [n][k] (pitch ldb) or, if b_kn, [k][n]; a and b point at the
-   tile's first row and column. c[m * 2 nt + n8] holds rows 16 m.., columns
-   8 n8..; each B fragment feeds 2 mt MMAs, each A fragment 2 nt. */
+   [k][m]; B as [n][k] (pitch ldb) or, if b_kn, [k][n]. a points at the
+   warp's first row and column of A; b at its first row of B, whose first
+   column is b_col (a swizzled tile, FA_I_SMEM_AT, needs it apart). c[m * 2 nt
+   + n8] holds rows 16 m.., columns 8 n8..; each B fragment feeds 2 mt MMAs,
+   each A fragment 2 nt. */
 static __device__ __forceinline__ void FA_I_NAME(warp_gemm, FA_I_DT)(float (*c)[4], int mt, int nt,
                                                                     int kdim, const uint16_t *a,
                                                                     int lda, int a_km,
                                                                     const uint16_t *b, int ldb,
-                                                                    int b_kn)
+                                                                    int b_col, int b_kn)
 {
     const int lane = threadIdx.x & 31;
     int k, m, n;
@@ -1825,9 +1846,9 @@ static __device__ __forceinline__ void FA_I_NAME(warp_gemm, FA_I_DT)(float (*c)[
         for (n = 0; n < nt; ++n) {
             uint32_t fb[4];
             if (b_kn)
-                FA_I_LOAD_B_KN(fb, b, ldb, k, 16 * n);
+                FA_I_LOAD_B_KN(fb, b, ldb, k, b_col + 16 * n);
             else
-                FA_I_LOAD_B_NK(fb, b, ldb, 16 * n, k);
+                FA_I_LOAD_B_NK(fb, b, ldb, 16 * n, b_col + k);
 #pragma unroll
             for (m = 0; m < mt; ++m) {
                 FA_I_MMA(c[m * 2 * nt + 2 * n], fa[m], fb[0], fb[1]);
@@ -1846,7 +1867,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 {
     enum {
         D = FA_I_D, BM = FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST), BN = FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND),
-        NW = FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), NT = 32 * NW, MT = BM / (16 * NW), LD = D + 8,
+        NW = FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD), NT = 32 * NW, MT = BM / (16 * NW), LD = FA_I_PITCH(D),
         STAGES = FA_I_FWD_STAGES
     };
     extern __shared__ uint4 fa_i_smem[];
@@ -2136,7 +2157,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
 {
     enum {
         D = FA_I_D, BM = FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST), BN = FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND),
-        NT = 32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), LD = D + 8
+        NT = 32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD), LD = FA_I_PITCH(D)
     };
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sq = (uint16_t *)fa_i_smem, *sdo = sq + BM * LD, *sk = sdo + BM * LD;
@@ -2185,8 +2206,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
         /* S = Q K^T, dP = dO V^T */
         fa_i_zero_acc(s, BN / 8);
         fa_i_zero_acc(dp, BN / 8);
-        FA_I_NAME(warp_gemm, FA_I_DT)(s, 1, BN / 16, D, sq + warp * 16 * LD, LD, 0, skt, LD, 0);
-        FA_I_NAME(warp_gemm, FA_I_DT)(dp, 1, BN / 16, D, sdo + warp * 16 * LD, LD, 0, svt, LD, 0);
+        FA_I_NAME(warp_gemm, FA_I_DT)(s, 1, BN / 16, D, sq + warp * 16 * LD, LD, 0, skt, LD, 0, 0);
+        FA_I_NAME(warp_gemm, FA_I_DT)(dp, 1, BN / 16, D, sdo + warp * 16 * LD, LD, 0, svt, LD, 0, 0);
         /* dS = P (dP - D), with softcap and mask in their own uniform branches. */
         if (p.softcap > 0.0f)
 #pragma unroll
@@ -2950,7 +2971,7 @@ static __global__ void __launch_bounds__(256, 1)
         D = FA_I_D, BN = FA_I_BWD_TILE(KEYS), BM = FA_I_BWD_TILE(ROWS), QS = FA_I_BWD_TILE(Q_STAGES),
         DOS = FA_I_BWD_TILE(DO_STAGES),
         SW = FA_I_BWD_TILE(S_ROW_WARPS), KW = FA_I_BWD_TILE(KV_KEY_WARPS), QW = FA_I_BWD_TILE(DQ_ROW_WARPS),
-        NT = 256, LD = D + 8, LDP = BN + 8,
+        NT = 256, LD = D + 8, LDP = BN + 8, /* padded: swizzled Q, dO, K, V tiles spilled */
         SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
         KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
         QM = BM / QW, QD = D / (8 / QW)   /* of dQ */
@@ -3015,7 +3036,7 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_zero_acc(s, SM / 16 * SN / 8);
             fa_i_zero_acc(dp, SM / 16 * SN / 8);
             FA_I_NAME(warp_gemm, FA_I_DT)(s, SM / 16, SN / 16, D, sqt + s_row * LD, LD, 0,
-                                          sk + s_key * LD, LD, 0);
+                                          sk + s_key * LD, LD, 0, 0);
             /* P before dP's product, so that the exponentials can overlap its
                MMAs. Softcap and mask are uniform branches around their own
                loops, so the common loop has neither. */
@@ -3028,7 +3049,7 @@ static __global__ void __launch_bounds__(256, 1)
             FA_I_EACH_S(i, j) s[i][j] = fa_i_dev_exp2(fmaf(s[i][j], log2_scale, -lse2[FA_I_S_ROW(i, j)]));
             FA_I_STORE_S(sp, s);
             FA_I_NAME(warp_gemm, FA_I_DT)(dp, SM / 16, SN / 16, D, sdot + s_row * LD, LD, 0,
-                                          sv + s_key * LD, LD, 0);
+                                          sv + s_key * LD, LD, 0, 0);
             FA_I_EACH_S(i, j) dp[i][j] = s[i][j] * (dp[i][j] - dsum[FA_I_S_ROW(i, j)]);
             if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
                 FA_I_EACH_S(i, j) {
@@ -3041,13 +3062,13 @@ static __global__ void __launch_bounds__(256, 1)
         /* dV += P^T dO, dK += dS^T Q on this warp's keys and columns. A single
            stage of dO, then of Q, is free after its product: the next step's
            load goes in behind a barrier and hides behind the rest. */
-        FA_I_NAME(warp_gemm, FA_I_DT)(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot + kv_col, LD, 1);
+        FA_I_NAME(warp_gemm, FA_I_DT)(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot, LD, kv_col, 1);
         if (DOS == 1 && QS == 2) {
             __syncthreads();
             if (t + 1 < steps) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
             fa_i_cp_async_commit();
         }
-        FA_I_NAME(warp_gemm, FA_I_DT)(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt + kv_col, LD, 1);
+        FA_I_NAME(warp_gemm, FA_I_DT)(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt, LD, kv_col, 1);
         if (QS == 1) {
             __syncthreads();
             if (t + 1 < steps) {
@@ -3062,7 +3083,7 @@ static __global__ void __launch_bounds__(256, 1)
             float *acc = a.dq_acc + ((int64_t)(b * p.heads_q + h) * dq_rows + r0) * D + dq_lane;
             fa_i_zero_acc(dq, QM / 16 * QD / 8);
             FA_I_NAME(warp_gemm, FA_I_DT)(dq, QM / 16, QD / 16, BN, sds + q_row * LDP, LDP, 0,
-                                          sk + q_col, LD, 1);
+                                          sk, LD, q_col, 1);
 #pragma unroll
             for (i = 0; i < QM / 16 * QD / 8; ++i)
                 fa_i_red_add4(acc + 128 * (i / (QD / 8)) + 512 * (i % (QD / 8)),

@@ -1595,17 +1595,18 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_BWD99_CFG (FA_I_CAT(FA_I_BWD99_, FA_I_D))
 #define FA_I_BWDQ_CFG (FA_I_CAT(FA_I_BWDQ_, FA_I_D))
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
-/* Shared memory of each kernel in bytes (16-bit rows padded by 8 elements). */
+/* Shared memory of each kernel in bytes (16-bit rows of FA_I_PITCH; the
+   dK/dV kernels' K and V rows padded by 8 elements). */
 #define FA_I_FWD_SMEM                                                       \
     (2 * FA_I_PITCH(FA_I_D) *                                               \
      (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
 /* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
    stages the LSE, D and key range. */
-#define FA_I_BWD_SMEM_OF(cfg)                                                                  \
-    (2 * ((FA_I_D + 8) * (2 * FA_I_CFG(cfg, FA_I_B_KEYS) +                                      \
-                          (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) *  \
-                              FA_I_CFG(cfg, FA_I_B_ROWS)) +                                     \
-          2 * FA_I_CFG(cfg, FA_I_B_ROWS) * (FA_I_CFG(cfg, FA_I_B_KEYS) + 8)) +                   \
+#define FA_I_BWD_SMEM_OF(cfg)                                                                   \
+    (2 * (FA_I_D + 8) * 2 * FA_I_CFG(cfg, FA_I_B_KEYS) +                                         \
+     2 * FA_I_PITCH(FA_I_D) * (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) * \
+         FA_I_CFG(cfg, FA_I_B_ROWS) +                                                            \
+     2 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS) * (FA_I_CFG(cfg, FA_I_B_KEYS) + 8) +                     \
      4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
     (2 * FA_I_PITCH(FA_I_D) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
@@ -2103,8 +2104,9 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
 }
 
 /* A dK/dV kernel's first loads, one commit group: its K and V tiles (bn
-   keys from c0 of kv head hk) and, if it has steps, the first step's query
-   side (bm rows from r0 of the group's first query head). */
+   keys from c0 of kv head hk, pitch d + 8) and, if it has steps, the first
+   step's query side (bm rows from r0 of the group's first query head, pitch
+   FA_I_PITCH(d)). */
 static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
     const fa_params *p, const fa_i_bwd_args *a, int b, int hk, int c0, int bn, int r0, int steps,
     uint16_t *sk, uint16_t *sv, uint16_t *sq, uint16_t *sdo, float *slse, float *sdsum, int *slo,
@@ -2115,7 +2117,7 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
                   FA_I_D, FA_I_D + 8, tid, nthreads);
     if (steps > 0)
         FA_I_NAME(bwd_rows, FA_I_DT)(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
-                                     sdsum, slo, shi, bm, FA_I_D, FA_I_D + 8, tid, nthreads);
+                                     sdsum, slo, shi, bm, FA_I_D, FA_I_PITCH(FA_I_D), tid, nthreads);
     fa_i_cp_async_commit();
 }
 
@@ -2947,7 +2949,7 @@ static __global__ void __launch_bounds__(256, 1)
 /* Async copy of BM rows from r0 of head h of tensor q or dout into smem dst. */
 #define FA_I_BWD_LOAD(dst, tensor, h, r0)                                                       \
     fa_i_async_tile(dst, (const uint16_t *)p.tensor + fa_i_dev_offset(&p.tensor##_layout, b, h, 0), \
-                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, LD, tid, NT)
+                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, LDQ, tid, NT)
 /* Every element (i, j) of a warp's S or dP tiles, and its row (of the step's
    BM) and key (from the CTA's first). */
 #define FA_I_EACH_S(i, j)                                      \
@@ -2971,7 +2973,7 @@ static __global__ void __launch_bounds__(256, 1)
         D = FA_I_D, BN = FA_I_BWD_TILE(KEYS), BM = FA_I_BWD_TILE(ROWS), QS = FA_I_BWD_TILE(Q_STAGES),
         DOS = FA_I_BWD_TILE(DO_STAGES),
         SW = FA_I_BWD_TILE(S_ROW_WARPS), KW = FA_I_BWD_TILE(KV_KEY_WARPS), QW = FA_I_BWD_TILE(DQ_ROW_WARPS),
-        NT = 256, LD = D + 8, LDP = BN + 8, /* padded: swizzled Q, dO, K, V tiles spilled */
+        NT = 256, LDQ = FA_I_PITCH(D), LDK = D + 8, LDP = BN + 8,
         SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
         KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
         QM = BM / QW, QD = D / (8 / QW)   /* of dQ */
@@ -2983,8 +2985,8 @@ static __global__ void __launch_bounds__(256, 1)
                   "flashattn: backward warp tiles are multiples of 16, at most 64 rows; steps "
                   "of whole 64-row accumulator blocks");
     extern __shared__ uint4 fa_i_smem[];
-    uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LD, *sq = sv + BN * LD;
-    uint16_t *sdo = sq + QS * BM * LD, *sp = sdo + DOS * BM * LD, *sds = sp + BM * LDP;
+    uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LDK, *sq = sv + BN * LDK;
+    uint16_t *sdo = sq + QS * BM * LDQ, *sp = sdo + DOS * BM * LDQ, *sds = sp + BM * LDP;
     float *slse = (float *)(sds + BM * LDP), *sdsum = slse + 2 * BM;
     int *slo = (int *)(sdsum + 2 * BM), *shi = slo + 2 * BM;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -3012,8 +3014,8 @@ static __global__ void __launch_bounds__(256, 1)
                                         sdo, slse, sdsum, slo, shi, BM, tid, NT);
     for (t = 0; t < steps; ++t) {
         const int stage = t & 1, h = hk * group + sh, r0 = (first / BM + sb) * BM;
-        const uint16_t *sqt = sq + (QS == 2 ? stage : 0) * BM * LD;
-        const uint16_t *sdot = sdo + (DOS == 2 ? stage : 0) * BM * LD;
+        const uint16_t *sqt = sq + (QS == 2 ? stage : 0) * BM * LDQ;
+        const uint16_t *sdot = sdo + (DOS == 2 ? stage : 0) * BM * LDQ;
         const float *lse2 = slse + stage * BM, *dsum = sdsum + stage * BM;
         const int *lo = slo + stage * BM, *hi = shi + stage * BM;
         int h_next = 0, r_next = 0;
@@ -3026,8 +3028,8 @@ static __global__ void __launch_bounds__(256, 1)
             FA_I_NAME(bwd_row_facts, FA_I_DT)(&p, &a, b, h_next, r_next, slse + (stage ^ 1) * BM,
                                               sdsum + (stage ^ 1) * BM, slo + (stage ^ 1) * BM,
                                               shi + (stage ^ 1) * BM, BM, tid, NT);
-            if (QS == 2) FA_I_BWD_LOAD(sq + (stage ^ 1) * BM * LD, q, h_next, r_next);
-            if (DOS == 2) FA_I_BWD_LOAD(sdo + (stage ^ 1) * BM * LD, dout, h_next, r_next);
+            if (QS == 2) FA_I_BWD_LOAD(sq + (stage ^ 1) * BM * LDQ, q, h_next, r_next);
+            if (DOS == 2) FA_I_BWD_LOAD(sdo + (stage ^ 1) * BM * LDQ, dout, h_next, r_next);
         }
         fa_i_cp_async_commit();
         { /* S = Q K^T and dP = dO V^T on this warp's tile, then P and dS to smem */
@@ -3035,8 +3037,8 @@ static __global__ void __launch_bounds__(256, 1)
             const int masked = FA_I_TILE_MASKED(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN);
             fa_i_zero_acc(s, SM / 16 * SN / 8);
             fa_i_zero_acc(dp, SM / 16 * SN / 8);
-            FA_I_NAME(warp_gemm, FA_I_DT)(s, SM / 16, SN / 16, D, sqt + s_row * LD, LD, 0,
-                                          sk + s_key * LD, LD, 0, 0);
+            FA_I_NAME(warp_gemm, FA_I_DT)(s, SM / 16, SN / 16, D, sqt + s_row * LDQ, LDQ, 0,
+                                          sk + s_key * LDK, LDK, 0, 0);
             /* P before dP's product, so that the exponentials can overlap its
                MMAs. Softcap and mask are uniform branches around their own
                loops, so the common loop has neither. */
@@ -3048,8 +3050,8 @@ static __global__ void __launch_bounds__(256, 1)
                 }
             FA_I_EACH_S(i, j) s[i][j] = fa_i_dev_exp2(fmaf(s[i][j], log2_scale, -lse2[FA_I_S_ROW(i, j)]));
             FA_I_STORE_S(sp, s);
-            FA_I_NAME(warp_gemm, FA_I_DT)(dp, SM / 16, SN / 16, D, sdot + s_row * LD, LD, 0,
-                                          sv + s_key * LD, LD, 0, 0);
+            FA_I_NAME(warp_gemm, FA_I_DT)(dp, SM / 16, SN / 16, D, sdot + s_row * LDQ, LDQ, 0,
+                                          sv + s_key * LDK, LDK, 0, 0);
             FA_I_EACH_S(i, j) dp[i][j] = s[i][j] * (dp[i][j] - dsum[FA_I_S_ROW(i, j)]);
             if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
                 FA_I_EACH_S(i, j) {
@@ -3062,13 +3064,13 @@ static __global__ void __launch_bounds__(256, 1)
         /* dV += P^T dO, dK += dS^T Q on this warp's keys and columns. A single
            stage of dO, then of Q, is free after its product: the next step's
            load goes in behind a barrier and hides behind the rest. */
-        FA_I_NAME(warp_gemm, FA_I_DT)(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot, LD, kv_col, 1);
+        FA_I_NAME(warp_gemm, FA_I_DT)(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot, LDQ, kv_col, 1);
         if (DOS == 1 && QS == 2) {
             __syncthreads();
             if (t + 1 < steps) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
             fa_i_cp_async_commit();
         }
-        FA_I_NAME(warp_gemm, FA_I_DT)(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt, LD, kv_col, 1);
+        FA_I_NAME(warp_gemm, FA_I_DT)(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt, LDQ, kv_col, 1);
         if (QS == 1) {
             __syncthreads();
             if (t + 1 < steps) {
@@ -3083,7 +3085,7 @@ static __global__ void __launch_bounds__(256, 1)
             float *acc = a.dq_acc + ((int64_t)(b * p.heads_q + h) * dq_rows + r0) * D + dq_lane;
             fa_i_zero_acc(dq, QM / 16 * QD / 8);
             FA_I_NAME(warp_gemm, FA_I_DT)(dq, QM / 16, QD / 16, BN, sds + q_row * LDP, LDP, 0,
-                                          sk, LD, q_col, 1);
+                                          sk, LDK, q_col, 1);
 #pragma unroll
             for (i = 0; i < QM / 16 * QD / 8; ++i)
                 fa_i_red_add4(acc + 128 * (i / (QD / 8)) + 512 * (i % (QD / 8)),

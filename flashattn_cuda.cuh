@@ -528,6 +528,11 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    sectors were split and the copies read 1.5 times their bytes from L2
    (bench/NOTES.md v13). */
 #define FA_I_PITCH(d) ((d) % 64 == 0 ? (d) : (d) + 8)
+/* The dK/dV kernels' pitch for Q and dO: FA_I_PITCH, but for padded rows at
+   d = 128, where the swizzle's extra address registers (at 253 of them)
+   measured 2.4 - 2.9% slower (+2 to +4% at d = 64, 256; bench/NOTES.md
+   v13). Their K and V rows stay padded: swizzled too, they spilled. */
+#define FA_I_BWD_Q_PITCH(d) ((d) == 128 ? (d) + 8 : FA_I_PITCH(d))
 /* Element offset of (row, col) in a tile of pitch ld (FA_I_PITCH, or any
    pitch that is not a multiple of 64 for a plain padded tile). */
 #define FA_I_SMEM_AT(row, col, ld) \
@@ -1604,7 +1609,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
    stages the LSE, D and key range. */
 #define FA_I_BWD_SMEM_OF(cfg)                                                                   \
     (2 * (FA_I_D + 8) * 2 * FA_I_CFG(cfg, FA_I_B_KEYS) +                                         \
-     2 * FA_I_PITCH(FA_I_D) * (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) * \
+     2 * FA_I_BWD_Q_PITCH(FA_I_D) * (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) * \
          FA_I_CFG(cfg, FA_I_B_ROWS) +                                                            \
      2 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS) * (FA_I_CFG(cfg, FA_I_B_KEYS) + 8) +                     \
      4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS))
@@ -2106,7 +2111,7 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
 /* A dK/dV kernel's first loads, one commit group: its K and V tiles (bn
    keys from c0 of kv head hk, pitch d + 8) and, if it has steps, the first
    step's query side (bm rows from r0 of the group's first query head, pitch
-   FA_I_PITCH(d)). */
+   FA_I_BWD_Q_PITCH(d)). */
 static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
     const fa_params *p, const fa_i_bwd_args *a, int b, int hk, int c0, int bn, int r0, int steps,
     uint16_t *sk, uint16_t *sv, uint16_t *sq, uint16_t *sdo, float *slse, float *sdsum, int *slo,
@@ -2117,7 +2122,7 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
                   FA_I_D, FA_I_D + 8, tid, nthreads);
     if (steps > 0)
         FA_I_NAME(bwd_rows, FA_I_DT)(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
-                                     sdsum, slo, shi, bm, FA_I_D, FA_I_PITCH(FA_I_D), tid, nthreads);
+                                     sdsum, slo, shi, bm, FA_I_D, FA_I_BWD_Q_PITCH(FA_I_D), tid, nthreads);
     fa_i_cp_async_commit();
 }
 
@@ -2973,7 +2978,7 @@ static __global__ void __launch_bounds__(256, 1)
         D = FA_I_D, BN = FA_I_BWD_TILE(KEYS), BM = FA_I_BWD_TILE(ROWS), QS = FA_I_BWD_TILE(Q_STAGES),
         DOS = FA_I_BWD_TILE(DO_STAGES),
         SW = FA_I_BWD_TILE(S_ROW_WARPS), KW = FA_I_BWD_TILE(KV_KEY_WARPS), QW = FA_I_BWD_TILE(DQ_ROW_WARPS),
-        NT = 256, LDQ = FA_I_PITCH(D), LDK = D + 8, LDP = BN + 8,
+        NT = 256, LDQ = FA_I_BWD_Q_PITCH(D), LDK = D + 8, LDP = BN + 8,
         SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
         KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
         QM = BM / QW, QD = D / (8 / QW)   /* of dQ */

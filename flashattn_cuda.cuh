@@ -199,9 +199,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    the deterministic mode (query rows, keys per tile, warps). Chosen so that
    the registers hold the accumulators without spills and the shared memory
    (16-bit rows of pitch FA_I_PITCH: swizzled or padded, conflict-free
-   ldmatrix) fits in 163 KB (sm_80). The backward's tiles are FlashAttention-2's, 64 x 128 up to
-   d = 128 and 64 x 64 above, but for 128 x 128 at d = 32, 64 (measured
-   faster, bench/NOTES.md v10). */
+   ldmatrix) fits in 163 KB (sm_80). The backward's tiles are
+   FlashAttention-2's, 64 x 128 up to d = 128 and 64 x 64 above, but for 128
+   x 128 at d = 32, 64 (measured faster, bench/NOTES.md v10). */
 #define FA_I_FWD_32 128, 128, 4
 #define FA_I_FWD_64 128, 128, 4
 #define FA_I_FWD_96 128, 64, 4
@@ -555,7 +555,8 @@ static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uin
                                                        int tile_rows, int d, int ld, int tid,
                                                        int nthreads)
 {
-    const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr, swizzled = ld % 64 == 0;
+    const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
+    const int swizzled = ld % 64 == 0;
     int r, x0, pass, c;
     const uint16_t *src;
     asm volatile("" : "+r"(tid));
@@ -719,11 +720,13 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 
 /* dQ = scale * accumulator in the params' dtype and layout. The accumulator
    is tiled in the order of the MMA accumulators: each 64-row block is d / 8
-   column groups of 512 floats, and in a group, thread t = 32 (r / 16) +
-   4 (r % 8) + c / 2 of rows 16 (r / 16) ... holds its 4 floats (columns c,
-   c + 1 of rows r and r + 8) at 4 t. So a warp's mma.sync tile (FA2) or a
-   warpgroup's wgmma registers (FA3) leave in 16-byte pieces without shuffles,
-   and the FA3 kernel's shared-memory writes are conflict-free. Here thread
+   groups of 8 columns, 512 floats each, and in a group, the 4 floats of
+   columns c, c + 1 (c even) of rows r and r + 8 (r % 16 < 8, r counted in
+   the block) lie at 4 t, t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2: the
+   accumulator of lane t % 32 of an m16n8 tile. So a warp's mma.sync tile
+   (FA2) or a warpgroup's wgmma registers (FA3) leave in 16-byte pieces
+   without shuffles, and the FA3 kernel's shared-memory writes are
+   conflict-free. Here thread
    x of a block takes column chunk j = x % (d / 8) of row group m = x / (d /
    8): floats 512 j + 16 m ... + 15, which are columns 8 j ... 8 j + 7 of
    rows r and r + 8, r = 16 (m / 8) + m % 8 (pairs of (r, r + 8) from each
@@ -1577,9 +1580,10 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 /* ======================================================================== */
 #elif FA_I_PASS == 1
 /* One head dim: a kernel set per dtype, then their table fa_i_kernels_<D>. */
+#define FA_I_NO_BWD_KERNELS {{0, 0, 0, 0}, {0, 0, 0, 0}}
 #define FA_I_NO_KERNELS                                                                        \
-    {0, 0, 0, 0, {{{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {{0, 0, 0, 0}, {0, 0, 0, 0}}}, \
-     0, 0, 0, 0, {{0, 0, 0, 0}, {0, 0, 0, 0}}, {0, 0, 0, 0}}
+    {0, 0, 0, 0, {FA_I_NO_BWD_KERNELS, FA_I_NO_BWD_KERNELS, FA_I_NO_BWD_KERNELS}, 0, 0, 0, 0, \
+     {{0, 0, 0, 0}, {0, 0, 0, 0}}, {0, 0, 0, 0}}
 #if !FA_I_BUILD_D(FA_I_D)
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
 #else
@@ -1602,19 +1606,22 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_CFG(which, field) FA_I_APPLY(field, which)
 /* Shared memory of each kernel in bytes (16-bit rows of FA_I_PITCH; the
    dK/dV kernels' K and V rows padded by 8 elements). */
-#define FA_I_FWD_SMEM                                                       \
-    (2 * FA_I_PITCH(FA_I_D) *                                               \
-     (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) + 2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
+#define FA_I_FWD_SMEM                                   \
+    (2 * FA_I_PITCH(FA_I_D) *                           \
+     (FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST) +              \
+      2 * FA_I_FWD_STAGES * FA_I_CFG(FA_I_FWD_CFG, FA_I_SECOND)))
 /* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
    stages the LSE, D and key range. */
 #define FA_I_BWD_SMEM_OF(cfg)                                                                   \
     (2 * (FA_I_D + 8) * 2 * FA_I_CFG(cfg, FA_I_B_KEYS) +                                         \
-     2 * FA_I_BWD_Q_PITCH(FA_I_D) * (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) * \
+     2 * FA_I_BWD_Q_PITCH(FA_I_D) *                                                              \
+         (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) *                    \
          FA_I_CFG(cfg, FA_I_B_ROWS) +                                                            \
      2 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS) * (FA_I_CFG(cfg, FA_I_B_KEYS) + 8) +                     \
      4 * 4 * 2 * FA_I_CFG(cfg, FA_I_B_ROWS))
 #define FA_I_BWDQ_SMEM \
-    (2 * FA_I_PITCH(FA_I_D) * (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
+    (2 * FA_I_PITCH(FA_I_D) *      \
+     (2 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_FIRST) + 4 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_SECOND)))
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_SM90 1
 /* Tile variant 0 serves every problem; variant 1, where a head dim has one
@@ -1718,16 +1725,15 @@ static_assert(FA_I_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds share
 #define FA_I_BWD_ENTRIES(dt, suffix, cfg)                          \
     {FA_I_BWD_ENTRY(FA_I_CAT(bwd_kvq, suffix), dt, cfg),          \
      FA_I_BWD_ENTRY(FA_I_CAT(bwd_kv, suffix), dt, cfg)}
-#define FA_I_BWD_NO_ENTRIES {{0, 0, 0, 0}, {0, 0, 0, 0}}
 #if FA_I_CFG(FA_I_BWD227_CFG, FA_I_B_KEYS)
 #define FA_I_BWD227_ENTRIES(dt) FA_I_BWD_ENTRIES(dt, 227, FA_I_BWD227_CFG)
 #else
-#define FA_I_BWD227_ENTRIES(dt) FA_I_BWD_NO_ENTRIES
+#define FA_I_BWD227_ENTRIES(dt) FA_I_NO_BWD_KERNELS
 #endif
 #if FA_I_CFG(FA_I_BWD99_CFG, FA_I_B_KEYS)
 #define FA_I_BWD99_ENTRIES(dt) FA_I_BWD_ENTRIES(dt, 99, FA_I_BWD99_CFG)
 #else
-#define FA_I_BWD99_ENTRIES(dt) FA_I_BWD_NO_ENTRIES
+#define FA_I_BWD99_ENTRIES(dt) FA_I_NO_BWD_KERNELS
 #endif
 #define FA_I_ENTRY(dt)                                                                        \
     {(const void *)FA_I_NAME(fwd, dt), FA_I_CFG(FA_I_FWD_CFG, FA_I_FIRST),                   \
@@ -1751,7 +1757,6 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_ENTRY
 #undef FA_I_BWD_ENTRY
 #undef FA_I_BWD_ENTRIES
-#undef FA_I_BWD_NO_ENTRIES
 #undef FA_I_BWD227_ENTRIES
 #undef FA_I_BWD99_ENTRIES
 #undef FA_I_SM90_ENTRIES
@@ -1788,6 +1793,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_NAME
 #endif /* FA_I_BUILD_D(FA_I_D) */
 #undef FA_I_NO_KERNELS
+#undef FA_I_NO_BWD_KERNELS
 
 /* ======================================================================== */
 #elif FA_I_PASS == 2

@@ -531,8 +531,10 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
 /* The dK/dV kernels' pitch for Q and dO: FA_I_PITCH, but for padded rows at
    d = 128, where the swizzle's extra address registers (at 253 of them)
    measured 2.4 - 2.9% slower (+2 to +4% at d = 64, 256; bench/NOTES.md
-   v13). Their K and V rows stay padded: swizzled too, they spilled. */
+   v13). Their K and V rows stay padded (FA_I_BWD_KV_PITCH): swizzled too,
+   they spilled. */
 #define FA_I_BWD_Q_PITCH(d) ((d) == 128 ? (d) + 8 : FA_I_PITCH(d))
+#define FA_I_BWD_KV_PITCH(d) ((d) + 8)
 /* Element offset of (row, col) in a tile of pitch ld (FA_I_PITCH, or any
    pitch that is not a multiple of 64 for a plain padded tile). */
 #define FA_I_SMEM_AT(row, col, ld) \
@@ -1613,7 +1615,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 /* K, V; Q and dO (1 or 2 stages each); P and dS (rows x keys); per row of 2
    stages the LSE, D and key range. */
 #define FA_I_BWD_SMEM_OF(cfg)                                                                   \
-    (2 * (FA_I_D + 8) * 2 * FA_I_CFG(cfg, FA_I_B_KEYS) +                                         \
+    (2 * FA_I_BWD_KV_PITCH(FA_I_D) * 2 * FA_I_CFG(cfg, FA_I_B_KEYS) +                           \
      2 * FA_I_BWD_Q_PITCH(FA_I_D) *                                                              \
          (FA_I_CFG(cfg, FA_I_B_Q_STAGES) + FA_I_CFG(cfg, FA_I_B_DO_STAGES)) *                    \
          FA_I_CFG(cfg, FA_I_B_ROWS) +                                                            \
@@ -2115,9 +2117,9 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_rows, FA_I_DT)(
 }
 
 /* A dK/dV kernel's first loads, one commit group: its K and V tiles (bn
-   keys from c0 of kv head hk, pitch d + 8) and, if it has steps, the first
-   step's query side (bm rows from r0 of the group's first query head, pitch
-   FA_I_BWD_Q_PITCH(d)). */
+   keys from c0 of kv head hk, pitch FA_I_BWD_KV_PITCH(d)) and, if it has
+   steps, the first step's query side (bm rows from r0 of the group's first
+   query head, pitch FA_I_BWD_Q_PITCH(d)). */
 static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
     const fa_params *p, const fa_i_bwd_args *a, int b, int hk, int c0, int bn, int r0, int steps,
     uint16_t *sk, uint16_t *sv, uint16_t *sq, uint16_t *sdo, float *slse, float *sdsum, int *slo,
@@ -2125,7 +2127,7 @@ static __device__ __forceinline__ void FA_I_NAME(bwd_first_loads, FA_I_DT)(
 {
     fa_i_async_kv(sk, sv, (const uint16_t *)p->k + fa_i_dev_offset(&p->k_layout, b, hk, 0),
                   (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0), p, c0, bn,
-                  FA_I_D, FA_I_D + 8, tid, nthreads);
+                  FA_I_D, FA_I_BWD_KV_PITCH(FA_I_D), tid, nthreads);
     if (steps > 0)
         FA_I_NAME(bwd_rows, FA_I_DT)(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
                                      sdsum, slo, shi, bm, FA_I_D, FA_I_BWD_Q_PITCH(FA_I_D), tid, nthreads);
@@ -2984,7 +2986,7 @@ static __global__ void __launch_bounds__(256, 1)
         D = FA_I_D, BN = FA_I_BWD_TILE(KEYS), BM = FA_I_BWD_TILE(ROWS), QS = FA_I_BWD_TILE(Q_STAGES),
         DOS = FA_I_BWD_TILE(DO_STAGES),
         SW = FA_I_BWD_TILE(S_ROW_WARPS), KW = FA_I_BWD_TILE(KV_KEY_WARPS), QW = FA_I_BWD_TILE(DQ_ROW_WARPS),
-        NT = 256, LDQ = FA_I_BWD_Q_PITCH(D), LDK = D + 8, LDP = BN + 8,
+        NT = 256, LDQ = FA_I_BWD_Q_PITCH(D), LDK = FA_I_BWD_KV_PITCH(D), LDP = BN + 8,
         SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
         KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
         QM = BM / QW, QD = D / (8 / QW)   /* of dQ */

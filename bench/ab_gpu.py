@@ -2,8 +2,8 @@
 each configuration's forward is timed in alternating rounds (build A, build B,
 ..., cuDNN; ROUNDS rounds of a REPS-run CUDA-event median each) so that clock
 and power drift land on every build alike. Repeats to about ±1% on most rows,
-where bench_gpu.py's --extra columns (one block of runs per build) drifted by
-up to 14% (bench/NOTES.md, f7). Every build's output is checked against
+where bench_gpu.py's --extra columns, then one block of runs per build,
+drifted by up to 14% (bench/NOTES.md, f7); bench_gpu.py alternates too now. Every build's output is checked against
 PyTorch's flash backend before timing.
 
 Usage: python3 bench/ab_gpu.py [--bwd | --bwd-det] "d,n,causal;d,n,causal..." NAME=path/to/shim.so ...
@@ -77,10 +77,7 @@ def main():
             cudnn = bg.peer(SDPBackend.CUDNN_ATTENTION, q, k, v, dout, causal)
             if cudnn:
                 fns["cudnn"] = cudnn[0]
-        times = {name: [] for name in fns}
-        for _ in range(ROUNDS):
-            for name, fn in fns.items():
-                times[name].append(bg.median_ms(fn, REPS))
+        times = bg.alternating_ms(fns, ROUNDS, REPS)
         flops = 4.0 * b * h * n * n * d / (2 if causal else 1) * (2.5 if bwd else 1)
         first = statistics.median(next(iter(times.values())))
         line = f"d{d} N{n} causal{int(causal)}:"

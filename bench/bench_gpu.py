@@ -2,7 +2,10 @@
 (FlashAttention-2) and cuDNN backends, side by side in one process on the same
 inputs. The sweep is the FlashAttention papers' (targets.md): hidden 2048,
 H = 2048 / d, B = 16384 / N. Every configuration is validated against
-PyTorch's output before it is timed. Times are CUDA-event medians.
+PyTorch's output before it is timed. Every implementation of a configuration
+is timed in alternating rounds (ours, its other builds, flash, cuDNN, then
+again), so that clock and power drift land on all of them alike; the time is
+the median over the rounds of each round's CUDA-event median.
 
 Our forward runs in four builds: the default one ("ours": FA3 on Hopper for
 d 64/128/256), FA_SM90=0 ("fa2": the portable mma.sync kernel) and the FA3
@@ -22,6 +25,7 @@ import ctypes
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -51,6 +55,15 @@ def median_ms(fn, reps):
     torch.cuda.synchronize()
     times = sorted(a.elapsed_time(b) for a, b in zip(start, stop))
     return times[len(times) // 2]
+
+
+def alternating_ms(fns, rounds, reps):
+    """{name: fn} -> {name: [each round's median in ms]}, the fns taking turns."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(median_ms(fn, reps))
+    return times
 
 
 # Forward builds timed side by side: name -> shared object (None if not built).
@@ -125,7 +138,7 @@ def peer(backend, q, k, v, dout, causal):
     return forward, backward, out.transpose(1, 2)
 
 
-def run_config(dtype, d, n, causal, reps, backward=True):
+def run_config(dtype, d, n, causal, rounds, reps, backward=True):
     b, h = max(1, 16384 // n), 2048 // d
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     gen = torch.Generator(device="cuda").manual_seed(n * 7 + d)
@@ -183,25 +196,28 @@ def run_config(dtype, d, n, causal, reps, backward=True):
                 check_grads(f"_{build}{deterministic}")
     del qt, kt, vt, ref, grads
 
-    row["ours_fwd"] = flops / median_ms(ours.forward, reps) / 1e9
+    # Everything timed, keyed by its row field; TFLOP/s factor: 1 forward, 2.5 backward.
+    timed = {"ours_fwd": (ours.forward, 1.0)}
     for build, impl in builds.items():
-        row[f"{build}_fwd"] = flops / median_ms(impl.forward, reps) / 1e9
+        timed[f"{build}_fwd"] = (impl.forward, 1.0)
         if backward and (build in EXTRA or build == "fa2"):
-            row[f"{build}_bwd"] = 2.5 * flops / median_ms(impl.backward, reps) / 1e9
+            timed[f"{build}_bwd"] = (impl.backward, 2.5)
         if backward and build in EXTRA:
-            row[f"{build}_bwd_det"] = 2.5 * flops / median_ms(lambda: impl.backward(1),
-                                                              reps) / 1e9
+            timed[f"{build}_bwd_det"] = (lambda impl=impl: impl.backward(1), 2.5)
     if backward:
-        row["ours_bwd"] = 2.5 * flops / median_ms(ours.backward, reps) / 1e9
-        row["ours_bwd_det"] = 2.5 * flops / median_ms(lambda: ours.backward(1), reps) / 1e9
+        timed["ours_bwd"] = (ours.backward, 2.5)
+        timed["ours_bwd_det"] = (lambda: ours.backward(1), 2.5)
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         fns = peer(backend, q, k, v, dout, causal)
         if fns is None:
             continue
-        row[f"{name}_fwd"] = flops / median_ms(fns[0], reps) / 1e9
+        timed[f"{name}_fwd"] = (fns[0], 1.0)
         if backward:
-            row[f"{name}_bwd"] = 2.5 * flops / median_ms(fns[1], reps) / 1e9
+            timed[f"{name}_bwd"] = (fns[1], 2.5)
+    times = alternating_ms({key: fn for key, (fn, _) in timed.items()}, rounds, reps)
+    for key, (_, factor) in timed.items():
+        row[key] = factor * flops / statistics.median(times[key]) / 1e9
     return row
 
 
@@ -301,7 +317,7 @@ def main():
         for d in map(int, args.dims.split(",")):
             for causal in (False, True):
                 for n in sizes:
-                    r = run_config(dtype, d, n, causal, reps=10 if n >= 8192 else 20,
+                    r = run_config(dtype, d, n, causal, rounds=5, reps=3 if n >= 8192 else 6,
                                    backward=not args.no_backward)
                     rows.append(r)
                     print(forward_table([r])[2], flush=True)
@@ -318,7 +334,7 @@ def main():
         f"cuDNN {torch.backends.cudnn.version()}",
         f"- commit: {commit}",
         "- TFLOP/s; forward 4·B·H·N²·d (halved when causal), backward 2.5× forward;"
-        " B = 16384/N, H = 2048/d; CUDA-event medians; ratios > 1 mean flashattn is faster",
+        " B = 16384/N, H = 2048/d; medians of 5 alternating rounds of CUDA-event medians; ratios > 1 mean flashattn is faster",
         "- ours = the default build (column `ours` names the kernel it ran: FA3 backward at"
         " d = 64, 128, 256 in the atomic mode on Hopper, FA2 else; the deterministic mode is FA2);"
         " ours FA2 = built with FA_SM90=0; no overlap / no ping-pong = FA3 built with"

@@ -1,10 +1,10 @@
 """Same-process A/B of forward (or, with --bwd, backward) builds (`--extra`-style shims of tests/shim_cuda.cu):
 each configuration's forward is timed in alternating rounds (build A, build B,
-..., cuDNN; ROUNDS rounds of a REPS-run CUDA-event median each) so that clock
-and power drift land on every build alike. Repeats to about ±1% on most rows,
-where bench_gpu.py's --extra columns, then one block of runs per build,
-drifted by up to 14% (bench/NOTES.md, f7); bench_gpu.py alternates too now. Every build's output is checked against
-PyTorch's flash backend before timing.
+..., cuDNN, each round starting one further along; ROUNDS rounds of a
+REPS-run CUDA-event median each, after WARM_S seconds of running back to
+back) so that clock and power drift land on every build alike
+(bench_gpu.alternating_ms; bench/NOTES.md v14). Every build's output is
+checked against PyTorch's flash backend before timing.
 
 Usage: python3 bench/ab_gpu.py [--bwd | --bwd-det] "d,n,causal;d,n,causal..." NAME=path/to/shim.so ...
 The first build is the reference; ratios are to it. The peer is cuDNN's
@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend  # noqa: E402
 import bench_gpu as bg  # noqa: E402
 import fa  # noqa: E402
 
-ROUNDS, REPS = 7, 15
+ROUNDS, REPS, WARM_S = 7, 15, 0.2
 
 
 def main():
@@ -77,7 +77,7 @@ def main():
             cudnn = bg.peer(SDPBackend.CUDNN_ATTENTION, q, k, v, dout, causal)
             if cudnn:
                 fns["cudnn"] = cudnn[0]
-        times = bg.alternating_ms(fns, ROUNDS, REPS)
+        times = bg.alternating_ms(fns, ROUNDS, REPS, WARM_S)
         flops = 4.0 * b * h * n * n * d / (2 if causal else 1) * (2.5 if bwd else 1)
         first = statistics.median(next(iter(times.values())))
         line = f"d{d} N{n} causal{int(causal)}:"

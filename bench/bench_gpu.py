@@ -2,10 +2,13 @@
 (FlashAttention-2) and cuDNN backends, side by side in one process on the same
 inputs. The sweep is the FlashAttention papers' (targets.md): hidden 2048,
 H = 2048 / d, B = 16384 / N. Every configuration is validated against
-PyTorch's output before it is timed. Every implementation of a configuration
-is timed in alternating rounds (ours, its other builds, flash, cuDNN, then
-again), so that clock and power drift land on all of them alike; the time is
-the median over the rounds of each round's CUDA-event median.
+PyTorch's output before it is timed. The implementations of a configuration
+take turns over --rounds rounds, each round starting one further along, and
+each runs back to back for --warm seconds before its timed runs: under a
+sustained load the H200 holds its power cap by lowering its clock, and a
+kernel otherwise inherits the clock its predecessor left (bench/NOTES.md
+v14). The time is the median over the rounds of each round's CUDA-event
+median.
 
 Our forward runs in four builds: the default one ("ours": FA3 on Hopper for
 d 64/128/256), FA_SM90=0 ("fa2": the portable mma.sync kernel) and the FA3
@@ -16,9 +19,12 @@ bench/results_gpu.png.
 
 Usage: python3 bench/bench_gpu.py [--quick] [--dtypes bf16,fp16] [--dims 64,128,256]
            [--sizes 1024,4096] [--no-backward] [--extra NAME=path/to/shim.so ...]
+           [--rounds 3] [--warm 0.1] [--resume earlier/results_gpu.json] [--out DIR]
 --extra times further builds of tests/shim_cuda.cu (tile or ablation
 variants), forward and backward, as columns NAME; a build that lacks a head
-dim is skipped.
+dim is skipped. --resume keeps an earlier run's rows and measures only the
+configurations it lacks (a sweep split over several calls, or cut short:
+the results files are rewritten after every configuration).
 """
 import argparse
 import ctypes
@@ -28,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -43,11 +50,17 @@ except ImportError:  # the peers are optional; our own numbers still come out
     torch = None
 
 
-def median_ms(fn, reps):
+def median_ms(fn, reps, warm_s=0.0):
+    """Median CUDA-event time of reps runs of fn, after running it back to back
+    for warm_s seconds (at least twice)."""
     start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     stop = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    fn()
-    fn()
+    t0, runs = time.perf_counter(), 0
+    while runs < 2 or time.perf_counter() - t0 < warm_s:
+        fn()
+        runs += 1
+        if runs % 4 == 0:
+            torch.cuda.synchronize()
     for a, b in zip(start, stop):
         a.record()
         fn()
@@ -57,12 +70,18 @@ def median_ms(fn, reps):
     return times[len(times) // 2]
 
 
-def alternating_ms(fns, rounds, reps):
-    """{name: fn} -> {name: [each round's median in ms]}, the fns taking turns."""
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(median_ms(fn, reps))
+def alternating_ms(fns, rounds, reps, warm_s=0.0):
+    """{name: fn} -> {name: [each round's median in ms]}. The fns take turns,
+    each round starting one further along, so that no fn always follows the
+    same one; each warms for warm_s before its timed runs. Under a sustained
+    load the H200 holds its power cap by lowering the SM clock (1980 to ~1650
+    MHz for the FA3 forward), and the clock a kernel inherits from the one
+    before it takes a while to settle (bench/NOTES.md, v14)."""
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(median_ms(fns[name], reps, warm_s))
     return times
 
 
@@ -138,7 +157,7 @@ def peer(backend, q, k, v, dout, causal):
     return forward, backward, out.transpose(1, 2)
 
 
-def run_config(dtype, d, n, causal, rounds, reps, backward=True):
+def run_config(dtype, d, n, causal, rounds, reps, warm_s, backward=True):
     b, h = max(1, 16384 // n), 2048 // d
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     gen = torch.Generator(device="cuda").manual_seed(n * 7 + d)
@@ -215,7 +234,7 @@ def run_config(dtype, d, n, causal, rounds, reps, backward=True):
         timed[f"{name}_fwd"] = (fns[0], 1.0)
         if backward:
             timed[f"{name}_bwd"] = (fns[1], 2.5)
-    times = alternating_ms({key: fn for key, (fn, _) in timed.items()}, rounds, reps)
+    times = alternating_ms({key: fn for key, (fn, _) in timed.items()}, rounds, reps, warm_s)
     for key, (_, factor) in timed.items():
         row[key] = factor * flops / statistics.median(times[key]) / 1e9
     return row
@@ -290,6 +309,41 @@ def plot(rows, path):
     return True
 
 
+def write_results(rows, out, method, final=True):
+    """results_gpu.md and .json in out, and at the end (final) the .png where
+    matplotlib is; returns the tables as lines of text."""
+    # The device machine gets a copy of the tree without .git: FA_COMMIT names it.
+    commit = os.environ.get("FA_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=ROOT).stdout.strip() or "unknown"
+    header = [
+        "# GPU benchmark: flashattn vs PyTorch SDPA (flash = FlashAttention-2, cuDNN)",
+        "",
+        f"- date: {datetime.date.today()}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}, "
+        f"cuDNN {torch.backends.cudnn.version()}",
+        f"- commit: {commit}",
+        "- TFLOP/s; forward 4·B·H·N²·d (halved when causal), backward 2.5× forward;"
+        f" B = 16384/N, H = 2048/d; {method}; ratios > 1 mean flashattn is faster",
+        "- ours = the default build (column `ours` names the kernel it ran: FA3 backward at"
+        " d = 64, 128, 256 in the atomic mode on Hopper, FA2 else; the deterministic mode is FA2);"
+        " ours FA2 = built with FA_SM90=0; no overlap / no ping-pong = FA3 built with"
+        " FA_SM90_OVERLAP=0 / FA_SM90_PINGPONG=0",
+        "- command: `make bench`",
+        "",
+    ]
+    tables = ["## Forward", ""] + forward_table(rows) + ["", "## Backward", ""] + \
+        backward_table(rows)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results_gpu.md"), "w") as f:
+        f.write("\n".join(header + tables) + "\n")
+    with open(os.path.join(out, "results_gpu.json"), "w") as f:
+        json.dump(dict(commit=commit, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    if final:
+        plot(rows, os.path.join(out, "results_gpu.png"))
+    return tables
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -299,6 +353,9 @@ def main():
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=SO")
     ap.add_argument("--out", default=HERE)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warm", type=float, default=0.1, help="seconds each fn runs before timing")
+    ap.add_argument("--resume", metavar="JSON", help="keep this earlier run's rows; skip their configs")
     args = ap.parse_args()
     for spec in args.extra:
         name, path = spec.split("=", 1)
@@ -312,45 +369,25 @@ def main():
     sizes = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     if args.sizes:
         sizes = [int(x) for x in args.sizes.split(",")]
-    rows = []
+    method = (f"each time the median over {args.rounds} rounds, the implementations taking turns"
+              f" (each round starting one further along), of a CUDA-event median of 6 runs"
+              f" (3 at N >= 8192) after {args.warm} s of running back to back")
+    rows = json.load(open(args.resume))["rows"] if args.resume else []
+    done = {(r["dtype"], r["d"], r["n"], r["causal"]) for r in rows}
     for dtype in args.dtypes.split(","):
         for d in map(int, args.dims.split(",")):
             for causal in (False, True):
                 for n in sizes:
-                    r = run_config(dtype, d, n, causal, rounds=5, reps=3 if n >= 8192 else 6,
+                    if (dtype, d, n, causal) in done:
+                        continue
+                    r = run_config(dtype, d, n, causal, args.rounds,
+                                   reps=3 if n >= 8192 else 6, warm_s=args.warm,
                                    backward=not args.no_backward)
                     rows.append(r)
                     print(forward_table([r])[2], flush=True)
                     print(backward_table([r])[2], flush=True)
-    # The device machine gets a copy of the tree without .git: FA_COMMIT names it.
-    commit = os.environ.get("FA_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-        cwd=ROOT).stdout.strip() or "unknown"
-    header = [
-        "# GPU benchmark: flashattn vs PyTorch SDPA (flash = FlashAttention-2, cuDNN)",
-        "",
-        f"- date: {datetime.date.today()}",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}, "
-        f"cuDNN {torch.backends.cudnn.version()}",
-        f"- commit: {commit}",
-        "- TFLOP/s; forward 4·B·H·N²·d (halved when causal), backward 2.5× forward;"
-        " B = 16384/N, H = 2048/d; medians of 5 alternating rounds of CUDA-event medians; ratios > 1 mean flashattn is faster",
-        "- ours = the default build (column `ours` names the kernel it ran: FA3 backward at"
-        " d = 64, 128, 256 in the atomic mode on Hopper, FA2 else; the deterministic mode is FA2);"
-        " ours FA2 = built with FA_SM90=0; no overlap / no ping-pong = FA3 built with"
-        " FA_SM90_OVERLAP=0 / FA_SM90_PINGPONG=0",
-        "- command: `make bench`",
-        "",
-    ]
-    tables = ["## Forward", ""] + forward_table(rows) + ["", "## Backward", ""] + \
-        backward_table(rows)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results_gpu.md"), "w") as f:
-        f.write("\n".join(header + tables) + "\n")
-    with open(os.path.join(args.out, "results_gpu.json"), "w") as f:
-        json.dump(dict(commit=commit, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
-    plot(rows, os.path.join(args.out, "results_gpu.png"))
-    print("\n".join(tables))
+                    write_results(rows, args.out, method, final=False)  # kept if cut short
+    print("\n".join(write_results(rows, args.out, method)))
 
 
 if __name__ == "__main__":

@@ -238,7 +238,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWD227_128 0, 0, 0, 0, 0, 0, 0
 #define FA_I_BWD227_160 0, 0, 0, 0, 0, 0, 0
 #define FA_I_BWD227_192 0, 0, 0, 0, 0, 0, 0
-#define FA_I_BWD227_256 64, 64, 2, 1, 4, 2, 2
+#define FA_I_BWD227_256 64, 64, 2, 2, 4, 2, 2
 /* The dK/dV tile where the device allows less shared memory per block than
    the one above needs, as the 99 KB of compute capability 8.6 and 8.9 (same
    fields; 0 keys: none). Only up to d = 96 (at d = 128 a tile with one Q
@@ -535,6 +535,10 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    they spilled. */
 #define FA_I_BWD_Q_PITCH(d) ((d) == 128 ? (d) + 8 : FA_I_PITCH(d))
 #define FA_I_BWD_KV_PITCH(d) ((d) + 8)
+/* The atomic mode's dQ product per step in parts over the columns: at d = 256
+   a warp's whole dQ tile (64 floats) next to dK and dV (128) left no room
+   for a second dO stage without spills; in halves, 32 at a time. */
+#define FA_I_BWD_DQ_PARTS(d) ((d) == 256 ? 2 : 1)
 /* Element offset of (row, col) in a tile of pitch ld (FA_I_PITCH, or any
    pitch that is not a multiple of 64 for a plain padded tile). */
 #define FA_I_SMEM_AT(row, col, ld) \
@@ -2989,11 +2993,12 @@ static __global__ void __launch_bounds__(256, 1)
         NT = 256, LDQ = FA_I_BWD_Q_PITCH(D), LDK = FA_I_BWD_KV_PITCH(D), LDP = BN + 8,
         SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
         KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
-        QM = BM / QW, QD = D / (8 / QW)   /* of dQ */
+        QM = BM / QW, QD = D / (8 / QW),  /* of dQ */
+        DQP = FA_I_BWD_DQ_PARTS(D), QP = QD / DQP /* dQ's parts and their columns */
     };
 #undef FA_I_BWD_TILE
     static_assert(SM % 16 == 0 && SN % 16 == 0 && KN % 16 == 0 && KD % 16 == 0 && QM % 16 == 0 &&
-                      QD % 16 == 0 && SM <= 64 && KN <= 64 && QM <= 64 && (QS == 1 || QS == 2) &&
+                      QP % 16 == 0 && SM <= 64 && KN <= 64 && QM <= 64 && (QS == 1 || QS == 2) &&
                       (DOS == 1 || DOS == 2) && BM % 64 == 0 && 64 % QM == 0,
                   "flashattn: backward warp tiles are multiples of 16, at most 64 rows; steps "
                   "of whole 64-row accumulator blocks");
@@ -3093,16 +3098,20 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_cp_async_commit();
         }
         if (FA_I_BWD_DQ) { /* dQ += dS K on this warp's rows and columns, a fragment's 4 floats
-                              in one 16-byte piece of the tiled accumulator */
-            float dq[QM / 16 * QD / 8][4];
+                              in one 16-byte piece of the tiled accumulator; in DQP parts of
+                              QP columns */
             float *acc = a.dq_acc + ((int64_t)(b * p.heads_q + h) * dq_rows + r0) * D + dq_lane;
-            fa_i_zero_acc(dq, QM / 16 * QD / 8);
-            FA_I_NAME(warp_gemm, FA_I_DT)(dq, QM / 16, QD / 16, BN, sds + q_row * LDP, LDP, 0,
-                                          sk, LDK, q_col, 1);
 #pragma unroll
-            for (i = 0; i < QM / 16 * QD / 8; ++i)
-                fa_i_red_add4(acc + 128 * (i / (QD / 8)) + 512 * (i % (QD / 8)),
-                              make_float4(dq[i][0], dq[i][1], dq[i][2], dq[i][3]));
+            for (j = 0; j < DQP; ++j) {
+                float dq[QM / 16 * QP / 8][4];
+                fa_i_zero_acc(dq, QM / 16 * QP / 8);
+                FA_I_NAME(warp_gemm, FA_I_DT)(dq, QM / 16, QP / 16, BN, sds + q_row * LDP, LDP, 0,
+                                              sk, LDK, q_col + j * QP, 1);
+#pragma unroll
+                for (i = 0; i < QM / 16 * QP / 8; ++i)
+                    fa_i_red_add4(acc + 128 * (i / (QP / 8)) + 512 * (i % (QP / 8) + j * QP / 8),
+                                  make_float4(dq[i][0], dq[i][1], dq[i][2], dq[i][3]));
+            }
         }
         FA_I_BWD_ADVANCE(sh, sb, blocks);
     }

@@ -241,13 +241,13 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWD227_256 64, 64, 2, 2, 4, 2, 2
 /* The dK/dV tile where the device allows less shared memory per block than
    the one above needs, as the 99 KB of compute capability 8.6 and 8.9 (same
-   fields; 0 keys: none). Only up to d = 96 (at d = 128 a tile with one Q
-   stage would fit; not built yet); above, the forward (d = 160, 192) or
-   the deterministic mode's dQ kernel (d = 256) doesn't fit 99 KB either. */
+   fields; 0 keys: none). Only up to d = 128 (one Q stage there): above,
+   the forward (d = 160, 192) or the deterministic mode's dQ kernel (d =
+   256) doesn't fit 99 KB either. */
 #define FA_I_BWD99_32 64, 64, 2, 2, 2, 4, 4
 #define FA_I_BWD99_64 64, 64, 2, 2, 2, 4, 4
 #define FA_I_BWD99_96 64, 64, 2, 1, 2, 4, 4
-#define FA_I_BWD99_128 0, 0, 0, 0, 0, 0, 0
+#define FA_I_BWD99_128 64, 64, 1, 1, 2, 4, 2
 #define FA_I_BWD99_160 0, 0, 0, 0, 0, 0, 0
 #define FA_I_BWD99_192 0, 0, 0, 0, 0, 0, 0
 #define FA_I_BWD99_256 0, 0, 0, 0, 0, 0, 0

@@ -132,7 +132,7 @@ case("gpu_fa1_fwd_window_softcap", gpu_fa1_forward, seqlen_q=100, seqlen_k=70, h
 # is FA_ERR_UNSUPPORTED and writes nothing.
 CAPPED = {  # backend: (library, forward head dims, backward head dims, dims tested)
     "gpu163": ("GPU_SMEM163", HEAD_DIMS, HEAD_DIMS, (64, 256)),
-    "gpu99": ("GPU_SMEM99", (32, 64, 96, 128, 256), (32, 64, 96), (32, 64, 96)),
+    "gpu99": ("GPU_SMEM99", (32, 64, 96, 128, 256), (32, 64, 96, 128), (32, 64, 96, 128)),
 }
 
 

@@ -228,10 +228,11 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_BWD_192 64, 64, 2, 1, 4, 4, 4
 #define FA_I_BWD_256 64, 64, 1, 1, 4, 2, 2
 /* The dK/dV tile where the device allows 227 KB of shared memory per block
-   (compute capability 9.0, 10.0; same fields; 0 keys: none): a second
-   stage of Q (and dO) where it fits no sm_80 budget. Measured faster on the
-   H200 at d = 64 (+5%) and 256 (+6 to +7%), not at d = 128 (bench/NOTES.md
-   v13). */
+   (compute capability 9.0, 10.0; same fields; 0 keys: none): second
+   stages of Q and dO where they fit no sm_80 budget (180 KB at d = 64, 214
+   KB at d = 256). Measured faster on the H200 at d = 64 (+5%) and 256 (+6
+   to +7% for the Q stage, +5 to +7% more for the dO stage), not at d = 128
+   (bench/NOTES.md v13, v14). */
 #define FA_I_BWD227_32 0, 0, 0, 0, 0, 0, 0
 #define FA_I_BWD227_64 128, 128, 2, 2, 2, 4, 4
 #define FA_I_BWD227_96 0, 0, 0, 0, 0, 0, 0
@@ -537,8 +538,14 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
 #define FA_I_BWD_KV_PITCH(d) ((d) + 8)
 /* The atomic mode's dQ product per step in parts over the columns: at d = 256
    a warp's whole dQ tile (64 floats) next to dK and dV (128) left no room
-   for a second dO stage without spills; in halves, 32 at a time. */
+   for a second dO stage without spills; in halves, 32 at a time (measured on
+   the H200, bench/NOTES.md v14). Compiled for sm_8x, ptxas still spilled 8
+   bytes with halves; quarters, 16 at a time, leave none there. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FA_I_BWD_DQ_PARTS(d) ((d) == 256 ? 4 : 1)
+#else
 #define FA_I_BWD_DQ_PARTS(d) ((d) == 256 ? 2 : 1)
+#endif
 /* Element offset of (row, col) in a tile of pitch ld (FA_I_PITCH, or any
    pitch that is not a multiple of 64 for a plain padded tile). */
 #define FA_I_SMEM_AT(row, col, ld) \

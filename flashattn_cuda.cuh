@@ -660,6 +660,31 @@ static __host__ __device__ __forceinline__ int fa_i_dq_blocks(const fa_params *p
     return (p->seqlen_q + 127) / 128 * 2;
 }
 
+/* The FA2 backward's dK/dV CTA: key block *kb of kv head *hk of batch *b,
+   from a grid of (key blocks, kv heads, batch). Under causal masking the
+   first key blocks see the most query rows. Blocks start roughly in launch
+   order (x fastest), which interleaves heavy and light ones and leaves heavy
+   ones in the last wave. With `reorder`, causal grids go key-block-major
+   within groups of heads that span ~2 waves (FA_I_BWD_GROUP_CTAS; their Q
+   and dO stay in L2): each group runs heavy first and the grid ends on light
+   blocks (bench/NOTES.md v14). */
+#define FA_I_BWD_GROUP_CTAS 256
+static __device__ __forceinline__ void fa_i_bwd_cta(const fa_params *p, int reorder, int *kb, int *hk,
+                                                    int *b)
+{
+    /* in launch order: head (of heads x batch) `pair`, in its group from `first` */
+    const unsigned blocks = gridDim.x, pair = blockIdx.y + gridDim.y * blockIdx.z;
+    const unsigned per_group = max(1u, FA_I_BWD_GROUP_CTAS / blocks);
+    const unsigned first = pair / per_group * per_group;
+    const unsigned in_group = min(per_group, gridDim.y * gridDim.z - first);
+    const unsigned within = blockIdx.x + blocks * (pair - first), head = first + within % in_group;
+    if (!reorder || !p->causal) {
+        *kb = blockIdx.x, *hk = blockIdx.y, *b = blockIdx.z;
+        return;
+    }
+    *kb = (int)(within / in_group), *hk = (int)(head % gridDim.y), *b = (int)(head / gridDim.y);
+}
+
 /* The backward's step `ahead` steps after step (head sh of the group, block
    sb of blocks of bm rows): its query head h0 + sh' and first row (b0 + sb')
    bm. Steps go through a head's blocks, then the next head's; ahead <= 2, so
@@ -3001,7 +3026,11 @@ static __global__ void __launch_bounds__(256, 1)
         SM = BM / SW, SN = BN / (8 / SW), /* a warp's tile of S and dP */
         KN = BN / KW, KD = D / (8 / KW),  /* of dV and dK */
         QM = BM / QW, QD = D / (8 / QW),  /* of dQ */
-        DQP = FA_I_BWD_DQ_PARTS(D), QP = QD / DQP /* dQ's parts and their columns */
+        DQP = FA_I_BWD_DQ_PARTS(D), QP = QD / DQP, /* dQ's parts and their columns */
+        /* causal CTAs heavy first (fa_i_bwd_cta), but on the single-stage 128 x
+           128 tile (d <= 64 on sm_80 budgets, 249 registers): its remapped
+           indices spill */
+        REORDER = !(QS == 1 && DOS == 1 && BM * BN >= 128 * 128)
     };
 #undef FA_I_BWD_TILE
     static_assert(SM % 16 == 0 && SN % 16 == 0 && KN % 16 == 0 && KD % 16 == 0 && QM % 16 == 0 &&
@@ -3022,7 +3051,9 @@ static __global__ void __launch_bounds__(256, 1)
        (fa_i_bwd_postprocess; a warp's rows stay in one 64-row block) */
     const int dq_rows = fa_i_dq_blocks(&p) * 64;
     const int dq_lane = q_row / 64 * 64 * D + q_row % 64 / 16 * 128 + q_col / 8 * 512 + 4 * lane;
-    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+    int kb, hk, b;
+    fa_i_bwd_cta(&p, REORDER, &kb, &hk, &b);
+    const int c0 = kb * BN;
     const int group = p.heads_q / p.heads_kv;
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dk[KN / 16 * KD / 8][4], dv[KN / 16 * KD / 8][4];

@@ -78,8 +78,8 @@
    kernels' shared memory (forward 50 - 125 KB, backward 125 - 155 KB by
    head dim) within the device's opt-in limit, else FA_ERR_UNSUPPORTED: at
    99 KB (compute capability 8.6, 8.9) the forward runs at d = 32, 64, 96,
-   256 and the backward at d = 32, 64, 96 (on a 64 x 64 tile of 50 - 85 KB,
-   chosen at run time). The Hopper
+   128, 256 and the backward at d = 32, 64, 96, 128 (on a 64 x 64 tile of
+   50 - 88 KB, chosen at run time). The Hopper
    path also needs tensor maps for every tensor (cuTensorMapEncodeTiled);
    where one can't be made the call runs the FA2 kernel instead.
 */

@@ -100,6 +100,11 @@ case("gpu_bwd_gqa_padded", gpu_backward, batch=2, heads_q=6, heads_kv=2, seqlen_
      seqlen_k=99, head_dim=96, layout="padded", dtype="bf16", causal=True)
 case("gpu_bwd_mqa_bhsd", gpu_backward, batch=2, heads_q=8, heads_kv=1, seqlen_q=129,
      seqlen_k=300, head_dim=128, layout="bhsd", dtype="f16")
+# More kv heads x batch (144) than a group of the causal dK/dV kernel's
+# heavy-first order holds at 2 key blocks (128, fa_i_bwd_cta): two groups, the
+# last one partial.
+case("gpu_bwd_causal_many_heads", gpu_backward, batch=9, heads_q=32, heads_kv=16, seqlen_q=130,
+     seqlen_k=130, head_dim=64, dtype="bf16", causal=True)
 case("gpu_fwd_large_logits", gpu_forward, seqlen_q=128, seqlen_k=400, head_dim=64,
      amplitude=30.0, dtype="bf16")
 case("gpu_bwd_large_logits", gpu_backward, seqlen_q=128, seqlen_k=400, head_dim=64,

@@ -2069,24 +2069,31 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     }
     fa_i_cp_async_wait_0();
 
-    {
+    { /* O goes over this warp's own Q rows (no other warp reads them), then
+         leaves as whole rows in 16-byte pieces */
         uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, 0);
         float *lse = p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : NULL;
 #pragma unroll
         for (t = 0; t < 2 * MT; ++t) {
-            const int row = m0 + wrow + 8 * t + (lane >> 2), e = 2 * (t & 1);
+            const int r = wrow + 8 * t + (lane >> 2), e = 2 * (t & 1);
             float l = l_run[t], inv;
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv = l > 0.0f ? 1.0f / l : 0.0f;
-            if (row < p.seqlen_q) {
 #pragma unroll
-                for (i = 0; i < D / 8; ++i)
-                    *(uint32_t *)(go + row * p.o_layout.seq + i * 8 + 2 * (lane & 3)) =
-                        FA_I_PACK(o[t >> 1][i][e] * inv, o[t >> 1][i][e + 1] * inv);
-                if ((lane & 3) == 0 && lse)
-                    lse[row] = l > 0.0f ? (m_run[t] + log2f(l)) * FA_I_LN2_F : -INFINITY;
-            }
+            for (i = 0; i < D / 8; ++i)
+                *(uint32_t *)(sq + FA_I_SMEM_AT(r, i * 8 + 2 * (lane & 3), LD)) =
+                    FA_I_PACK(o[t >> 1][i][e] * inv, o[t >> 1][i][e + 1] * inv);
+            if ((lane & 3) == 0 && lse && m0 + r < p.seqlen_q)
+                lse[m0 + r] = l > 0.0f ? (m_run[t] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+        }
+        __syncwarp();
+#pragma unroll
+        for (i = 0; i < 16 * MT * (D / 8) / 32; ++i) { /* a warp's pass: 512 bytes */
+            const int r = wrow + (32 * i + lane) / (D / 8), c = 8 * ((32 * i + lane) % (D / 8));
+            if (m0 + r < p.seqlen_q)
+                *(uint4 *)(go + (int64_t)(m0 + r) * p.o_layout.seq + c) =
+                    *(const uint4 *)(sq + FA_I_SMEM_AT(r, c, LD));
         }
     }
 }

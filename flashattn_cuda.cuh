@@ -508,11 +508,37 @@ static __device__ __forceinline__ void fa_i_store16(void *base, int64_t i, float
     ((uint16_t *)base)[i] = h;
 }
 
-/* This CTA's query block. Under causal masking later blocks see more keys, so
-   they start first and the light ones fill the last wave. */
-static __device__ __forceinline__ int fa_i_cta_query_block(const fa_params *p)
+/* Of a grid of (blocks, heads, batch) CTAs whose blocks differ in work
+   (causal masking): this CTA's rank among its head's blocks (0 starts
+   first), head and batch. Blocks start roughly in launch order (x
+   fastest), which would interleave heavy and light blocks and leave heavy
+   ones in the last wave; so the grid goes block-major within groups of
+   heads that span ~2 waves (group_ctas; the group's inputs stay in L2), and
+   the caller maps rank 0 to its heaviest block: each group runs heavy
+   first and the grid ends on light blocks (bench/NOTES.md v14, v15). */
+static __device__ __forceinline__ void fa_i_grouped_cta(unsigned group_ctas, int *rank, int *h, int *b)
 {
-    return p->causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    /* in launch order: head (of heads x batch) `pair`, in its group from `first` */
+    const unsigned blocks = gridDim.x, pair = blockIdx.y + gridDim.y * blockIdx.z;
+    const unsigned per_group = max(1u, group_ctas / blocks);
+    const unsigned first = pair / per_group * per_group;
+    const unsigned in_group = min(per_group, gridDim.y * gridDim.z - first);
+    const unsigned within = blockIdx.x + blocks * (pair - first), head = first + within % in_group;
+    *rank = (int)(within / in_group), *h = (int)(head % gridDim.y), *b = (int)(head / gridDim.y);
+}
+
+/* The query-block kernels' CTA (forward, deterministic dQ): query block *m
+   of head *h of batch *b from a grid of (query blocks, heads, batch). Under
+   causal masking later blocks see more keys: they go first. */
+#define FA_I_FWD_GROUP_CTAS 512
+static __device__ __forceinline__ void fa_i_query_cta(const fa_params *p, int *m, int *h, int *b)
+{
+    if (!p->causal) {
+        *m = blockIdx.x, *h = blockIdx.y, *b = blockIdx.z;
+        return;
+    }
+    fa_i_grouped_cta(FA_I_FWD_GROUP_CTAS, m, h, b);
+    *m = (int)gridDim.x - 1 - *m;
 }
 
 static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, int b, int h, int s)
@@ -662,27 +688,17 @@ static __host__ __device__ __forceinline__ int fa_i_dq_blocks(const fa_params *p
 
 /* The FA2 backward's dK/dV CTA: key block *kb of kv head *hk of batch *b,
    from a grid of (key blocks, kv heads, batch). Under causal masking the
-   first key blocks see the most query rows. Blocks start roughly in launch
-   order (x fastest), which interleaves heavy and light ones and leaves heavy
-   ones in the last wave. With `reorder`, causal grids go key-block-major
-   within groups of heads that span ~2 waves (FA_I_BWD_GROUP_CTAS; their Q
-   and dO stay in L2): each group runs heavy first and the grid ends on light
-   blocks (bench/NOTES.md v14). */
+   first key blocks see the most query rows: with `reorder` they go first
+   (fa_i_grouped_cta). */
 #define FA_I_BWD_GROUP_CTAS 256
 static __device__ __forceinline__ void fa_i_bwd_cta(const fa_params *p, int reorder, int *kb, int *hk,
                                                     int *b)
 {
-    /* in launch order: head (of heads x batch) `pair`, in its group from `first` */
-    const unsigned blocks = gridDim.x, pair = blockIdx.y + gridDim.y * blockIdx.z;
-    const unsigned per_group = max(1u, FA_I_BWD_GROUP_CTAS / blocks);
-    const unsigned first = pair / per_group * per_group;
-    const unsigned in_group = min(per_group, gridDim.y * gridDim.z - first);
-    const unsigned within = blockIdx.x + blocks * (pair - first), head = first + within % in_group;
     if (!reorder || !p->causal) {
         *kb = blockIdx.x, *hk = blockIdx.y, *b = blockIdx.z;
         return;
     }
-    *kb = (int)(within / in_group), *hk = (int)(head % gridDim.y), *b = (int)(head / gridDim.y);
+    fa_i_grouped_cta(FA_I_BWD_GROUP_CTAS, kb, hk, b);
 }
 
 /* The backward's step `ahead` steps after step (head sh of the group, block
@@ -1923,7 +1939,9 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + BM * LD, *sv = sk + STAGES * BN * LD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int m0 = fa_i_cta_query_block(&p) * BM, h = blockIdx.y, b = blockIdx.z;
+    int m0, h, b;
+    fa_i_query_cta(&p, &m0, &h, &b);
+    m0 *= BM;
     const int hk = h / (p.heads_q / p.heads_kv);
     const int last = min(m0 + BM, p.seqlen_q) - 1;
     const int wrow = warp * 16 * MT; /* first row of this warp in the tile */
@@ -2221,7 +2239,9 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_BWDQ_CFG, FA_I_THIRD
     uint16_t *sq = (uint16_t *)fa_i_smem, *sdo = sq + BM * LD, *sk = sdo + BM * LD;
     uint16_t *sv = sk + 2 * BN * LD;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int m0 = fa_i_cta_query_block(&p) * BM, h = blockIdx.y, b = blockIdx.z;
+    int m0, h, b;
+    fa_i_query_cta(&p, &m0, &h, &b);
+    m0 *= BM;
     const int hk = h / (p.heads_q / p.heads_kv);
     const int last = min(m0 + BM, p.seqlen_q) - 1;
     const int row0 = m0 + warp * 16 + (lane >> 2), row1 = row0 + 8;

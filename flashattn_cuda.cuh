@@ -3012,7 +3012,8 @@ static __global__ void __launch_bounds__(256, 1)
 #elif FA_I_PASS == 6
 /* The backward's dK/dV kernel FA_I_BWD_KERNEL for one (head dim FA_I_D,
    dtype FA_I_DT, tile FA_I_BWD_KERNEL_CFG): one CTA of 8 warps per (BN keys, kv
-   head, batch) keeps dK, dV in registers; each step takes BM query rows of
+   head, batch) keeps dK, dV in registers (written out at the end through
+   the K and V tiles, in whole rows); each step takes BM query rows of
    one query head and, if FA_I_BWD_DQ (the atomic mode), adds their
    dQ = dS K into the fp32 accumulator by vector atomics. The warps tile each
    product as FlashAttention-2 does, so that a fragment read from shared
@@ -3062,9 +3063,11 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_BWD_TILE
     static_assert(SM % 16 == 0 && SN % 16 == 0 && KN % 16 == 0 && KD % 16 == 0 && QM % 16 == 0 &&
                       QP % 16 == 0 && SM <= 64 && KN <= 64 && QM <= 64 && (QS == 1 || QS == 2) &&
-                      (DOS == 1 || DOS == 2) && BM % 64 == 0 && 64 % QM == 0,
+                      (DOS == 1 || DOS == 2) && BM % 64 == 0 && 64 % QM == 0 &&
+                      BN * (D / 8) % NT == 0,
                   "flashattn: backward warp tiles are multiples of 16, at most 64 rows; steps "
-                  "of whole 64-row accumulator blocks");
+                  "of whole 64-row accumulator blocks; the epilogue's 16-byte pieces spread "
+                  "evenly over the threads");
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sk = (uint16_t *)fa_i_smem, *sv = sk + BN * LDK, *sq = sv + BN * LDK;
     uint16_t *sdo = sq + QS * BM * LDQ, *sp = sdo + DOS * BM * LDQ, *sds = sp + BM * LDP;
@@ -3181,15 +3184,34 @@ static __global__ void __launch_bounds__(256, 1)
         FA_I_BWD_ADVANCE(sh, sb, blocks);
     }
     fa_i_cp_async_wait_0();
+    __syncthreads(); /* every warp is done with K and V: dK and dV go over them */
     {
+        int x; /* the thread's index, read again below */
         uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
         uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
 #pragma unroll
         for (i = 0; i < KN / 16 * KD / 8; ++i) {
-            const int key0 = c0 + kv_key + 16 * (i / (KD / 8)) + (lane >> 2), key1 = key0 + 8;
+            const int key = kv_key + 16 * (i / (KD / 8)) + (lane >> 2);
             const int col = kv_col + 8 * (i % (KD / 8)) + 2 * (lane & 3);
-            FA_I_STORE_DK_DV(key0, col, dk[i][0], dk[i][1], dv[i][0], dv[i][1])
-            FA_I_STORE_DK_DV(key1, col, dk[i][2], dk[i][3], dv[i][2], dv[i][3])
+            *(uint32_t *)(sk + key * LDK + col) = FA_I_PACK(dk[i][0] * p.scale, dk[i][1] * p.scale);
+            *(uint32_t *)(sk + (key + 8) * LDK + col) = FA_I_PACK(dk[i][2] * p.scale, dk[i][3] * p.scale);
+            *(uint32_t *)(sv + key * LDK + col) = FA_I_PACK(dv[i][0], dv[i][1]);
+            *(uint32_t *)(sv + (key + 8) * LDK + col) = FA_I_PACK(dv[i][2], dv[i][3]);
+        }
+        __syncthreads();
+        /* Whole rows out in 16-byte pieces. Addressed from `tid`, this part
+           kept values alive through the loop, and the 227 KB tile at d = 256
+           spilled at sm_90a. */
+        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(x));
+#pragma unroll
+        for (i = 0; i < BN * (D / 8) / NT; ++i) {
+            const int key = (i * NT + x) / (D / 8), col = 8 * ((i * NT + x) % (D / 8));
+            if (c0 + key < p.seqlen_k) {
+                *(uint4 *)(gdk + (int64_t)(c0 + key) * p.dk_layout.seq + col) =
+                    *(const uint4 *)(sk + key * LDK + col);
+                *(uint4 *)(gdv + (int64_t)(c0 + key) * p.dv_layout.seq + col) =
+                    *(const uint4 *)(sv + key * LDK + col);
+            }
         }
     }
 }

@@ -780,12 +780,12 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
    accumulator of lane t % 32 of an m16n8 tile. So a warp's mma.sync tile
    (FA2) or a warpgroup's wgmma registers (FA3) leave in 16-byte pieces
    without shuffles, and the FA3 kernel's shared-memory writes are
-   conflict-free. Here thread
-   x of a block takes column chunk j = x % (d / 8) of row group m = x / (d /
-   8): floats 512 j + 16 m ... + 15, which are columns 8 j ... 8 j + 7 of
-   rows r and r + 8, r = 16 (m / 8) + m % 8 (pairs of (r, r + 8) from each
-   of four neighbouring threads). Neighbouring x take neighbouring chunks of
-   a row, so a warp's stores cover whole rows. */
+   conflict-free. Here thread x of a block takes column chunk j = x % (d /
+   8) of row group m = x / (d / 8): floats 512 j + 16 m ... + 15, which are
+   columns 8 j ... 8 j + 7 of rows r and r + 8, r = 16 (m / 8) + m % 8
+   (pairs of (r, r + 8) from each of four neighbouring threads).
+   Neighbouring x take neighbouring chunks of a row, so a warp's stores
+   cover whole rows. */
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;

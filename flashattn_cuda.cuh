@@ -936,6 +936,15 @@ static __device__ __forceinline__ void fa_i_tma_prefetch(const CUtensorMap *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)(uintptr_t)map) : "memory");
 }
+/* Starts bringing one box of a 4-D tensor map into L2 (nothing waits on it). */
+static __device__ __forceinline__ void fa_i_tma_prefetch_l2(const CUtensorMap *map, int c0, int c1,
+                                                            int c2, int c3)
+{
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                     (uint64_t)(uintptr_t)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
 /* One box from shared memory to global; rows past the tensor are dropped. */
 static __device__ __forceinline__ void fa_i_tma_store(const CUtensorMap *map, uint32_t src, int c0,
                                                       int c1, int c2, int c3)
@@ -2515,11 +2524,12 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS(NC)));
         if (tid == 0) {
             int64_t k;
-            int it = 0, mb, h, b;
+            int it = 0, mb, h, b, have;
             fa_i_tma_prefetch(&maps.k);
             fa_i_tma_prefetch(&maps.v);
             fa_i_tma_prefetch(&maps.o);
-            for (k = 0; fa_i_sm90_tile(&p, k, blocks_m, &mb, &h, &b); ++k) {
+            have = fa_i_sm90_tile(&p, 0, blocks_m, &mb, &h, &b);
+            for (k = 0; have; ++k) {
                 const int hk = h / (p.heads_q / p.heads_kv), qb = (int)(k % Q_BUFS);
                 int first_lo, last_hi, n, c;
                 fa_i_rows_key_span(&p, mb * BM, min(mb * BM + BM, p.seqlen_q), &first_lo,
@@ -2545,6 +2555,14 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                         fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk,
                                       b, v_full + 8 * st);
                 }
+                /* With one Q buffer the next tile's Q loads only once this
+                   tile frees it, and no other CTA has read it: into L2 now,
+                   so that the load at the tile boundary hits (+1 to +3% on
+                   most N = 1k - 2k rows at d = 128 and 256; bench/NOTES.md
+                   f11). */
+                have = fa_i_sm90_tile(&p, k + 1, blocks_m, &mb, &h, &b);
+                if (Q_BUFS == 1 && have)
+                    for (c = 0; c < CHUNKS; ++c) fa_i_tma_prefetch_l2(&maps.q, 64 * c, mb * BM, h, b);
             }
         }
     } else { /* consumer warpgroups */

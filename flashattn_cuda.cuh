@@ -31,8 +31,9 @@
                dispatch picks it on compute capability 9.0): persistent CTAs,
                one per SM, each taking pairs of query tiles. A producer
                warpgroup loads Q once per tile (double-buffered at d = 64,
-               so the next tile's loads overlap this one) and K/V tiles by TMA into a
-               ring of shared-memory stages (full/empty mbarriers); two
+               so the next tile's loads overlap this one; elsewhere the next
+               Q is prefetched into L2) and K/V tiles by TMA into a ring of
+               shared-memory stages (full/empty mbarriers); two
                consumer warpgroups (three at d = 64) of 64 query rows each
                run S = QK^T (SS wgmma) and O += PV (RS wgmma, P from
                registers), the QK^T of the next tile overlapping the softmax

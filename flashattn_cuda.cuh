@@ -304,6 +304,13 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_QBUFS_64 2
 #define FA_I_SM90_QBUFS_128 1
 #define FA_I_SM90_QBUFS_256 1
+/* L2 eviction hints on the FA3 forward's TMA copies: K and V (read by every
+   query tile of a head) evict-last, Q and O (touched once) evict-first. On
+   the H200 +1 to +2.6% at d = 256 N = 1k - 2k, -0.3 to -1.8% at d = 64,
+   +-0.7% at d = 128 (bench/NOTES.md f14), so d = 256 only. */
+#define FA_I_SM90_L2_HINTS_64 0
+#define FA_I_SM90_L2_HINTS_128 0
+#define FA_I_SM90_L2_HINTS_256 1
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
 /* The FA3 backward (d = 64, 128, 256): keys per CTA (64 per warpgroup, or
    at d = 256 64 shared by both, which split d), Q/dO buffers and fp32 dQ
@@ -937,6 +944,22 @@ static __device__ __forceinline__ void fa_i_tma_prefetch(const CUtensorMap *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)(uintptr_t)map) : "memory");
 }
+/* Cache policies for the .L2::cache_hint forms below (the encodings CUTLASS
+   uses for CacheHintSm90). */
+#define FA_I_L2_EVICT_NORMAL 0x1000000000000000ull
+#define FA_I_L2_EVICT_FIRST 0x12F0000000000000ull
+#define FA_I_L2_EVICT_LAST 0x14F0000000000000ull
+/* fa_i_tma_load with an L2 cache policy. */
+static __device__ __forceinline__ void fa_i_tma_load_hint(uint32_t dst, const CUtensorMap *map,
+                                                          int c0, int c1, int c2, int c3,
+                                                          uint32_t bar, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+                 "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar),
+                 "l"(policy)
+                 : "memory");
+}
 /* Starts bringing one box of a 4-D tensor map into L2 (nothing waits on it). */
 static __device__ __forceinline__ void fa_i_tma_prefetch_l2(const CUtensorMap *map, int c0, int c1,
                                                             int c2, int c3)
@@ -946,18 +969,20 @@ static __device__ __forceinline__ void fa_i_tma_prefetch_l2(const CUtensorMap *m
                  "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                  : "memory");
 }
-/* One box from shared memory to global; rows past the tensor are dropped. */
-static __device__ __forceinline__ void fa_i_tma_store(const CUtensorMap *map, uint32_t src, int c0,
-                                                      int c1, int c2, int c3)
-{
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
-                 " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"((uint64_t)(uintptr_t)map),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
-                 : "memory");
-}
 static __device__ __forceinline__ void fa_i_tma_store_commit(void)
 {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* One box from shared memory to global, with an L2 cache policy; rows past
+   the tensor are dropped. */
+static __device__ __forceinline__ void fa_i_tma_store_hint(const CUtensorMap *map, uint32_t src,
+                                                           int c0, int c1, int c2, int c3,
+                                                           uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint"
+                 " [%0, {%1, %2, %3, %4}], [%5], %6;\n" ::"l"((uint64_t)(uintptr_t)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src), "l"(policy)
+                 : "memory");
 }
 /* Waits until this thread's stores have read their shared memory. */
 static __device__ __forceinline__ void fa_i_tma_store_wait_read(void)
@@ -2489,8 +2514,11 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         /* Q buffers (tile k uses k % Q_BUFS) and whether O has its own
            buffer or goes over Q: FA_I_SM90_SMEM. */
         Q_BUFS = FA_I_SNAME(sm90_q_bufs), O_APART = FA_I_SNAME(sm90_o_apart), Q_BYTES = BM * D * 2,
-        PINGPONG = FA_SM90_PINGPONG && FA_I_SV_PINGPONG
+        PINGPONG = FA_SM90_PINGPONG && FA_I_SV_PINGPONG,
+        L2_HINTS = FA_I_CAT(FA_I_SM90_L2_HINTS_, FA_I_D)
     };
+    const uint64_t once = L2_HINTS ? FA_I_L2_EVICT_FIRST : FA_I_L2_EVICT_NORMAL;
+    const uint64_t reused = L2_HINTS ? FA_I_L2_EVICT_LAST : FA_I_L2_EVICT_NORMAL;
     /* Barriers: q_full and q_empty per Q buffer, then k_full, v_full,
        k_empty, v_empty per stage. Only this sm_90a body has static shared
        memory: the host reads that to tell it from the stub other targets
@@ -2539,8 +2567,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 fa_i_mbar_wait(q_empty + 8 * qb, (uint32_t)((k / Q_BUFS) & 1) ^ 1);
                 fa_i_mbar_expect_tx(q_full + 8 * qb, Q_BYTES);
                 for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(sq + qb * Q_BYTES + c * BM * 128, &maps.q, 64 * c, mb * BM, h, b,
-                                  q_full + 8 * qb);
+                    fa_i_tma_load_hint(sq + qb * Q_BYTES + c * BM * 128, &maps.q, 64 * c, mb * BM,
+                                       h, b, q_full + 8 * qb, once);
                 /* key tiles no row of this tile sees are never loaded */
                 for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
                     const int st = it % STAGES;
@@ -2548,13 +2576,13 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     fa_i_mbar_wait(k_empty + 8 * st, free_parity);
                     fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c, n * BN, hk,
-                                      b, k_full + 8 * st);
+                        fa_i_tma_load_hint(sk + st * TILE + c * BN * 128, &maps.k, 64 * c,
+                                           n * BN, hk, b, k_full + 8 * st, reused);
                     fa_i_mbar_wait(v_empty + 8 * st, free_parity);
                     fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk,
-                                      b, v_full + 8 * st);
+                        fa_i_tma_load_hint(sv + st * TILE + c * BN * 128, &maps.v, 64 * c,
+                                           n * BN, hk, b, v_full + 8 * st, reused);
                 }
                 /* With one Q buffer the next tile's Q loads only once this
                    tile frees it, and no other CTA has read it: into L2 now,
@@ -2715,8 +2743,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 if (t == 0) {
                     int c;
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_store(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw, h_now,
-                                       b_now);
+                        fa_i_tma_store_hint(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw,
+                                            h_now, b_now, once);
                     fa_i_tma_store_commit();
                     if (!O_APART) { /* Q's rows now hold O: free them once read */
                         fa_i_tma_store_wait_read();

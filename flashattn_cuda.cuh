@@ -1730,7 +1730,8 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
    tiles of 2 d rows bytes each: two Q buffers and O's own where the table
    asks for two and all three fit (the next tile's Q and K/V load while this
    one computes), else one Q and O's own buffer (the next Q loads during the
-   epilogue), else O over Q. */
+   epilogue), else none for O: it is staged in the last key tile's ring
+   stage (O_IN_RING in the kernel; over Q in a tile that sees no keys). */
 #define FA_I_SM90_SMEM_KV(cfg) (4 * FA_I_D * FA_I_CFG(cfg, FA_I_SECOND) * FA_I_CFG(cfg, FA_I_THIRD) + 1024)
 #define FA_I_SM90_Q_BYTES(cfg) (2 * FA_I_D * FA_I_CFG(cfg, FA_I_FIRST))
 #define FA_I_SM90_Q_BUFS_OF(cfg)                                                                \
@@ -2001,7 +2002,11 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 #pragma unroll
     for (t = 0; t < MT; ++t) fa_i_zero_acc(o[t], D / 8);
 
-    fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
+    /* Q only for a block that sees keys: the key loop's first barrier orders
+       the Q copies (a thread copies rows of other warps) before the epilogue
+       writes O over them; without it a late copy would overwrite O's zeros. */
+    if (n_first < n_end)
+        fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
     if (n_first < n_end && STAGES == 2)
         fa_i_async_kv(sk, sv, gk, gv, &p, n_first * BN, BN, D, LD, tid, NT);
     if (n_first < n_end && STAGES == 1)
@@ -2512,18 +2517,26 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         STAGES = FA_I_SNAME(sm90_stages), CHUNKS = D / 64, TILE = BN * D * 2,
         NC = BM / 64, /* consumer warpgroups */
         /* Q buffers (tile k uses k % Q_BUFS) and whether O has its own
-           buffer or goes over Q: FA_I_SM90_SMEM. */
+           buffer: FA_I_SM90_SMEM. */
         Q_BUFS = FA_I_SNAME(sm90_q_bufs), O_APART = FA_I_SNAME(sm90_o_apart), Q_BYTES = BM * D * 2,
         PINGPONG = FA_SM90_PINGPONG && FA_I_SV_PINGPONG,
-        L2_HINTS = FA_I_CAT(FA_I_SM90_L2_HINTS_, FA_I_D)
+        L2_HINTS = FA_I_CAT(FA_I_SM90_L2_HINTS_, FA_I_D),
+        /* Without O's own buffer, a tile that saw keys stages each
+           warpgroup's O in its last key tile's ring stage (warpgroup 0 in
+           the K stage, 1 in the V stage) so that Q is free after the last
+           S, not after the O store. */
+        O_IN_RING = !O_APART
     };
+    static_assert(!O_IN_RING || (NC == 2 && 64 * D * 2 <= TILE),
+                  "flashattn: O staged in the ring needs 2 warpgroups and a stage that holds 64 rows");
     const uint64_t once = L2_HINTS ? FA_I_L2_EVICT_FIRST : FA_I_L2_EVICT_NORMAL;
     const uint64_t reused = L2_HINTS ? FA_I_L2_EVICT_LAST : FA_I_L2_EVICT_NORMAL;
     /* Barriers: q_full and q_empty per Q buffer, then k_full, v_full,
-       k_empty, v_empty per stage. Only this sm_90a body has static shared
+       k_empty, v_empty per stage, then (O_IN_RING) o_read per warpgroup
+       and stage: the O staged there has been read by its TMA store. Only this sm_90a body has static shared
        memory: the host reads that to tell it from the stub other targets
        compile. */
-    __shared__ __align__(8) uint64_t bars[2 * Q_BUFS + 4 * STAGES];
+    __shared__ __align__(8) uint64_t bars[2 * Q_BUFS + 4 * STAGES + 2 * STAGES * O_IN_RING];
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */
     const uint32_t sk = sq + Q_BUFS * Q_BYTES, sv = sk + STAGES * TILE;
@@ -2531,7 +2544,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
     const uint32_t q_full = fa_i_smem_addr(bars), q_empty = q_full + 8 * Q_BUFS;
     const uint32_t k_full = q_empty + 8 * Q_BUFS;
     const uint32_t v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;
-    const uint32_t v_empty = k_empty + 8 * STAGES;
+    const uint32_t v_empty = k_empty + 8 * STAGES, o_read = v_empty + 8 * STAGES;
     const int tid = threadIdx.x, blocks_m = (p.seqlen_q + BM - 1) / BM;
     int i;
     if (tid == 0) {
@@ -2545,6 +2558,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             fa_i_mbar_init(k_empty + 8 * i, 4 * NC);
             fa_i_mbar_init(v_empty + 8 * i, 4 * NC);
         }
+        for (i = 0; i < 2 * STAGES * O_IN_RING; ++i) fa_i_mbar_init(o_read + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -2554,6 +2568,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         if (tid == 0) {
             int64_t k;
             int it = 0, mb, h, b, have;
+            /* per stage: it holds a staged O (O_IN_RING), and the parity of
+               its o_read barriers' next phase */
+            uint32_t staged = 0, o_parity = 0;
             fa_i_tma_prefetch(&maps.k);
             fa_i_tma_prefetch(&maps.v);
             fa_i_tma_prefetch(&maps.o);
@@ -2571,19 +2588,27 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                                        h, b, q_full + 8 * qb, once);
                 /* key tiles no row of this tile sees are never loaded */
                 for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
-                    const int st = it % STAGES;
+                    const int st = it % STAGES, o_there = (staged >> st) & 1;
                     const uint32_t free_parity = ((it / STAGES) & 1) ^ 1;
                     fa_i_mbar_wait(k_empty + 8 * st, free_parity);
+                    if (o_there) fa_i_mbar_wait(o_read + 8 * st, (o_parity >> st) & 1);
                     fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
                         fa_i_tma_load_hint(sk + st * TILE + c * BN * 128, &maps.k, 64 * c,
                                            n * BN, hk, b, k_full + 8 * st, reused);
                     fa_i_mbar_wait(v_empty + 8 * st, free_parity);
+                    if (o_there) {
+                        fa_i_mbar_wait(o_read + 8 * (STAGES + st), (o_parity >> st) & 1);
+                        o_parity ^= 1u << st;
+                        staged &= ~(1u << st);
+                    }
                     fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
                         fa_i_tma_load_hint(sv + st * TILE + c * BN * 128, &maps.v, 64 * c,
                                            n * BN, hk, b, v_full + 8 * st, reused);
                 }
+                if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
+                    staged |= 1u << ((it - 1) % STAGES);
                 /* With one Q buffer the next tile's Q loads only once this
                    tile frees it, and no other CTA has read it: into L2 now,
                    so that the load at the tile boundary hits (+1 to +3% on
@@ -2612,12 +2637,15 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             const uint32_t sq_wg = sq + qb * Q_BYTES + cw * 64 * 128;
             const uint32_t so_wg = O_APART ? so + cw * 64 * 128 : sq_wg;
             const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
-            int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n, n_first, n_end;
+            int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n, n_first, n_end, in_ring;
             float inv[2]; /* 1 / (row sum) */
+            uint32_t last_stage; /* ring stage of the last key tile */
             fa_i_rows_key_span(&p, m0, last, &first_lo, &last_hi);
             fa_i_rows_common_keys(&p, m0, last, &all_lo, &all_hi);
             n_first = first_lo / BN;
             n_end = (last_hi + BN - 1) / BN;
+            in_ring = O_IN_RING && n_first < n_end;
+            last_stage = (uint32_t)(it + n_end - 1 - n_first) % STAGES;
 #pragma unroll
             for (i = 0; i < 2; ++i) {
                 m_run[i] = -INFINITY;
@@ -2688,10 +2716,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n));
             }
 #endif
-            /* While the last PV runs: Q is free for a later tile where O has
-               its own buffer (no wgmma reads Q now); the row sums, LSE and
+            /* While the last PV runs: Q is free for a later tile unless O
+               goes over it (no wgmma reads Q now); the row sums, LSE and
                the next tile's coordinates. */
-            if (O_APART && lane == 0) fa_i_mbar_arrive(q_empty + 8 * qb);
+            if ((O_APART || in_ring) && lane == 0) fa_i_mbar_arrive(q_empty + 8 * qb);
 #pragma unroll
             for (i = 0; i < 2; ++i) {
                 float l = l_run[i];
@@ -2710,6 +2738,11 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             fa_i_fence_f32(o, D / 2);
             if (n_first < n_end && lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
 #endif
+            /* O staged in the ring: its stage must be done with for both
+               warpgroups (their last S for K, their last PV for V) */
+            if (in_ring)
+                fa_i_mbar_wait((cw == 0 ? k_empty : v_empty) + 8 * last_stage,
+                               FA_I_PARITY(n_end - 1));
 #undef FA_I_SM90_SCORES
 #undef FA_I_STAGE
 #undef FA_I_PARITY
@@ -2722,14 +2755,17 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 fa_i_named_sync(1 + NC + cw, 128);
             }
 
-            /* Epilogue: O / l in 16 bits into shared memory (over this
-               warpgroup's own Q rows unless O_APART), one TMA store per chunk. */
+            /* Epilogue: O / l in 16 bits into shared memory (its own buffer,
+               the ring, or over this warpgroup's own Q rows in a tile without
+               keys), one TMA store per chunk of 64 columns. */
             {
+                const uint32_t o_at = in_ring ? (cw == 0 ? sk : sv) + last_stage * TILE : so_wg;
+                const uint32_t o_chunk = in_ring ? 64 * 128 : BM * 128;
 #pragma unroll
                 for (i = 0; i < D / 2; i += 8) { /* 16 columns: four 8 x 8 matrices */
                     const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
                     const int col = 2 * i + 8 * (lane >> 4);
-                    const uint32_t addr = so_wg + (col >> 6) * BM * 128 + r * 128 +
+                    const uint32_t addr = o_at + (col >> 6) * o_chunk + r * 128 +
                                           ((((col & 63) >> 3) ^ (r & 7)) << 4);
                     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
                                  ::"r"(addr), "r"(FA_I_PACK(o[i] * inv[0], o[i + 1] * inv[0])),
@@ -2743,12 +2779,15 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 if (t == 0) {
                     int c;
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_store_hint(&maps.o, so_wg + c * BM * 128, 64 * c, m0 + 64 * cw,
+                        fa_i_tma_store_hint(&maps.o, o_at + c * o_chunk, 64 * c, m0 + 64 * cw,
                                             h_now, b_now, once);
                     fa_i_tma_store_commit();
-                    if (!O_APART) { /* Q's rows now hold O: free them once read */
+                    if (!O_APART) { /* free the ring stage or Q's rows once read */
                         fa_i_tma_store_wait_read();
-                        fa_i_mbar_arrive_n(q_empty + 8 * qb, 4);
+                        if (in_ring)
+                            fa_i_mbar_arrive(o_read + 8 * (cw * STAGES + last_stage));
+                        else
+                            fa_i_mbar_arrive_n(q_empty + 8 * qb, 4);
                     }
                 }
             }

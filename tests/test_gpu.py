@@ -73,6 +73,15 @@ for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
         case(f"gpu_fwd_tiles_d{d}_{nq}x{nk}_causal{int(causal)}", gpu_forward, seqlen_q=nq,
              seqlen_k=nk, head_dim=d, dtype="bf16", causal=causal)
 
+# More FA3 tiles than CTAs, so that each CTA runs several: at d 256, 3 key
+# tiles each (O staged in alternating ring stages) and, causal, tiles that see
+# no keys between them; at d 128, the 176-key tile.
+for causal in (False, True):
+    case(f"gpu_fwd_many_tiles_d256_causal{int(causal)}", gpu_forward, batch=5, heads_q=10,
+         heads_kv=5, seqlen_q=1000, seqlen_k=170, head_dim=256, dtype="bf16", causal=causal)
+case("gpu_fwd_many_tiles_d128_long_keys", gpu_forward, batch=70, heads_q=4, heads_kv=2,
+     seqlen_q=3, seqlen_k=8200, head_dim=128, dtype="bf16")
+
 # The FA3 backward's tiles: 128 keys per CTA (d 64, 128), 64 at d 256; 64-row
 # query blocks.
 for d, nq, nk in ((128, 1, 1), (128, 63, 64), (128, 65, 257), (128, 257, 7), (128, 1000, 129),

@@ -2533,9 +2533,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
     const uint64_t reused = L2_HINTS ? FA_I_L2_EVICT_LAST : FA_I_L2_EVICT_NORMAL;
     /* Barriers: q_full and q_empty per Q buffer, then k_full, v_full,
        k_empty, v_empty per stage, then (O_IN_RING) o_read per warpgroup
-       and stage: the O staged there has been read by its TMA store. Only this sm_90a body has static shared
-       memory: the host reads that to tell it from the stub other targets
-       compile. */
+       and stage: the O staged there has been read by its TMA store. Only
+       this sm_90a body has static shared memory: the host reads that to
+       tell it from the stub other targets compile. */
     __shared__ __align__(8) uint64_t bars[2 * Q_BUFS + 4 * STAGES + 2 * STAGES * O_IN_RING];
     extern __shared__ uint4 fa_i_smem[];
     const uint32_t sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */

@@ -930,16 +930,7 @@ static __device__ __forceinline__ void fa_i_mbar_wait(uint32_t bar, uint32_t par
     } while (!done);
 }
 
-/* One box of a 4-D tensor map {d, seq, head, batch} into shared memory,
-   completing on the mbarrier. Out-of-range rows arrive as zeros. */
-static __device__ __forceinline__ void fa_i_tma_load(uint32_t dst, const CUtensorMap *map, int c0,
-                                                     int c1, int c2, int c3, uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-                 "l"((uint64_t)(uintptr_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-                 : "memory");
-}
+/* Brings a tensor map's descriptor into the cache before its first copy. */
 static __device__ __forceinline__ void fa_i_tma_prefetch(const CUtensorMap *map)
 {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)(uintptr_t)map) : "memory");
@@ -949,10 +940,12 @@ static __device__ __forceinline__ void fa_i_tma_prefetch(const CUtensorMap *map)
 #define FA_I_L2_EVICT_NORMAL 0x1000000000000000ull
 #define FA_I_L2_EVICT_FIRST 0x12F0000000000000ull
 #define FA_I_L2_EVICT_LAST 0x14F0000000000000ull
-/* fa_i_tma_load with an L2 cache policy. */
-static __device__ __forceinline__ void fa_i_tma_load_hint(uint32_t dst, const CUtensorMap *map,
-                                                          int c0, int c1, int c2, int c3,
-                                                          uint32_t bar, uint64_t policy)
+/* One box of a 4-D tensor map {d, seq, head, batch} into shared memory,
+   completing on the mbarrier, with an L2 cache policy (FA_I_L2_EVICT_*).
+   Out-of-range rows arrive as zeros. */
+static __device__ __forceinline__ void fa_i_tma_load(uint32_t dst, const CUtensorMap *map, int c0,
+                                                     int c1, int c2, int c3, uint32_t bar,
+                                                     uint64_t policy)
 {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
                  ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
@@ -1044,8 +1037,9 @@ static __device__ __forceinline__ void fa_i_sm90_bwd_load_rows(const fa_i_sm90_b
     int c;
     fa_i_mbar_expect_tx(bar, 2 * chunks * 64 * 128);
     for (c = 0; c < chunks; ++c) {
-        fa_i_tma_load(sq + c * 64 * 128, &args->q, 64 * c, r0, h, b, bar);
-        fa_i_tma_load(sdo + c * 64 * 128, &args->dout, 64 * c, r0, h, b, bar);
+        fa_i_tma_load(sq + c * 64 * 128, &args->q, 64 * c, r0, h, b, bar, FA_I_L2_EVICT_NORMAL);
+        fa_i_tma_load(sdo + c * 64 * 128, &args->dout, 64 * c, r0, h, b, bar,
+                      FA_I_L2_EVICT_NORMAL);
     }
 }
 
@@ -2584,7 +2578,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 fa_i_mbar_wait(q_empty + 8 * qb, (uint32_t)((k / Q_BUFS) & 1) ^ 1);
                 fa_i_mbar_expect_tx(q_full + 8 * qb, Q_BYTES);
                 for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load_hint(sq + qb * Q_BYTES + c * BM * 128, &maps.q, 64 * c, mb * BM,
+                    fa_i_tma_load(sq + qb * Q_BYTES + c * BM * 128, &maps.q, 64 * c, mb * BM,
                                        h, b, q_full + 8 * qb, once);
                 /* key tiles no row of this tile sees are never loaded */
                 for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
@@ -2594,7 +2588,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     if (o_there) fa_i_mbar_wait(o_read + 8 * st, (o_parity >> st) & 1);
                     fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load_hint(sk + st * TILE + c * BN * 128, &maps.k, 64 * c,
+                        fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c,
                                            n * BN, hk, b, k_full + 8 * st, reused);
                     fa_i_mbar_wait(v_empty + 8 * st, free_parity);
                     if (o_there) {
@@ -2604,7 +2598,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     }
                     fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load_hint(sv + st * TILE + c * BN * 128, &maps.v, 64 * c,
+                        fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c,
                                            n * BN, hk, b, v_full + 8 * st, reused);
                 }
                 if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
@@ -2645,7 +2639,11 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             n_first = first_lo / BN;
             n_end = (last_hi + BN - 1) / BN;
             in_ring = O_IN_RING && n_first < n_end;
-            last_stage = (uint32_t)(it + n_end - 1 - n_first) % STAGES;
+#define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
+#define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
+#define FA_I_MASKED(n) \
+    (((n) * BN < all_lo ? FA_I_MASK_LO : 0) | ((n) * BN + BN > all_hi ? FA_I_MASK_HI : 0))
+            last_stage = FA_I_STAGE(n_end - 1); /* used only where the tile saw keys */
 #pragma unroll
             for (i = 0; i < 2; ++i) {
                 m_run[i] = -INFINITY;
@@ -2655,10 +2653,6 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
 #pragma unroll
             for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
             fa_i_mbar_wait(q_full + 8 * qb, (uint32_t)((k / Q_BUFS) & 1));
-#define FA_I_STAGE(n) ((it + (n) - n_first) % STAGES)
-#define FA_I_PARITY(n) (((it + (n) - n_first) / STAGES) & 1)
-#define FA_I_MASKED(n) \
-    (((n) * BN < all_lo ? FA_I_MASK_LO : 0) | ((n) * BN + BN > all_hi ? FA_I_MASK_HI : 0))
 /* Tile n's scores on their own: S = Q K(n)^T, K's stage released, the
    softmax, O rescaled and P packed (the first tile with the overlap, every
    tile without it). */
@@ -2699,9 +2693,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
                 }
                 /* issued here, waited for below the next tile's coordinates */
-                fa_i_mbar_wait(v_full + 8 * FA_I_STAGE(n_end - 1), FA_I_PARITY(n_end - 1));
+                fa_i_mbar_wait(v_full + 8 * last_stage, FA_I_PARITY(n_end - 1));
                 fa_i_sm90_turn_begin(PINGPONG, cw);
-                FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n_end - 1) * TILE);
+                FA_I_SNAME(sm90_pv)(o, pr, sv + last_stage * TILE);
                 fa_i_sm90_turn_end(PINGPONG, cw, NC);
             }
 #else
@@ -2736,7 +2730,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                can't see O complete and serializes the wgmmas (C7514). */
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(o, D / 2);
-            if (n_first < n_end && lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n_end - 1));
+            if (n_first < n_end && lane == 0) fa_i_mbar_arrive(v_empty + 8 * last_stage);
 #endif
             /* O staged in the ring: its stage must be done with for both
                warpgroups (their last S for K, their last PV for V) */
@@ -2936,8 +2930,10 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_tma_prefetch(&args.dout);
         fa_i_mbar_expect_tx(kv_full, 2 * KV_BYTES);
         for (c = 0; c < CHUNKS; ++c) {
-            fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full);
-            fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full);
+            fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full,
+                          FA_I_L2_EVICT_NORMAL);
+            fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full,
+                          FA_I_L2_EVICT_NORMAL);
         }
         for (i = 0; i < STAGES && i < steps; ++i) {
             FA_I_STEP_AT(i);

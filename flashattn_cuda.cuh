@@ -968,9 +968,8 @@ static __device__ __forceinline__ void fa_i_tma_store_commit(void)
 }
 /* One box from shared memory to global, with an L2 cache policy; rows past
    the tensor are dropped. */
-static __device__ __forceinline__ void fa_i_tma_store_hint(const CUtensorMap *map, uint32_t src,
-                                                           int c0, int c1, int c2, int c3,
-                                                           uint64_t policy)
+static __device__ __forceinline__ void fa_i_tma_store(const CUtensorMap *map, uint32_t src, int c0,
+                                                      int c1, int c2, int c3, uint64_t policy)
 {
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint"
                  " [%0, {%1, %2, %3, %4}], [%5], %6;\n" ::"l"((uint64_t)(uintptr_t)map),
@@ -2578,8 +2577,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 fa_i_mbar_wait(q_empty + 8 * qb, (uint32_t)((k / Q_BUFS) & 1) ^ 1);
                 fa_i_mbar_expect_tx(q_full + 8 * qb, Q_BYTES);
                 for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(sq + qb * Q_BYTES + c * BM * 128, &maps.q, 64 * c, mb * BM,
-                                       h, b, q_full + 8 * qb, once);
+                    fa_i_tma_load(sq + qb * Q_BYTES + c * BM * 128, &maps.q, 64 * c, mb * BM, h, b,
+                                  q_full + 8 * qb, once);
                 /* key tiles no row of this tile sees are never loaded */
                 for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
                     const int st = it % STAGES, o_there = (staged >> st) & 1;
@@ -2588,8 +2587,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     if (o_there) fa_i_mbar_wait(o_read + 8 * st, (o_parity >> st) & 1);
                     fa_i_mbar_expect_tx(k_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c,
-                                           n * BN, hk, b, k_full + 8 * st, reused);
+                        fa_i_tma_load(sk + st * TILE + c * BN * 128, &maps.k, 64 * c, n * BN, hk,
+                                      b, k_full + 8 * st, reused);
                     fa_i_mbar_wait(v_empty + 8 * st, free_parity);
                     if (o_there) {
                         fa_i_mbar_wait(o_read + 8 * (STAGES + st), (o_parity >> st) & 1);
@@ -2598,8 +2597,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     }
                     fa_i_mbar_expect_tx(v_full + 8 * st, TILE);
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c,
-                                           n * BN, hk, b, v_full + 8 * st, reused);
+                        fa_i_tma_load(sv + st * TILE + c * BN * 128, &maps.v, 64 * c, n * BN, hk,
+                                      b, v_full + 8 * st, reused);
                 }
                 if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
                     staged |= 1u << ((it - 1) % STAGES);
@@ -2773,8 +2772,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 if (t == 0) {
                     int c;
                     for (c = 0; c < CHUNKS; ++c)
-                        fa_i_tma_store_hint(&maps.o, o_at + c * o_chunk, 64 * c, m0 + 64 * cw,
-                                            h_now, b_now, once);
+                        fa_i_tma_store(&maps.o, o_at + c * o_chunk, 64 * c, m0 + 64 * cw, h_now,
+                                       b_now, once);
                     fa_i_tma_store_commit();
                     if (!O_APART) { /* free the ring stage or Q's rows once read */
                         fa_i_tma_store_wait_read();

@@ -2613,7 +2613,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             }
         }
     } else { /* consumer warpgroups */
-        const int cw = tid / 128 - 1, t = tid % 128, lane = t & 31, warp = t >> 5;
+        /* the warpgroup index from lane 0: ptxas then treats it (and what
+           derives from it) as warp-uniform; tid / 128 alone it does not */
+        const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0);
+        const int t = tid % 128, lane = t & 31, warp = t >> 5;
         const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
         float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
         uint32_t pr[BN / 4];

@@ -38,7 +38,9 @@
                run S = QK^T (SS wgmma) and O += PV (RS wgmma, P from
                registers), the QK^T of the next tile overlapping the softmax
                of this one, and take turns on the tensor cores (ping-pong on
-               named barriers). O leaves through shared memory by TMA store.
+               named barriers; not on the d = 64 short causal tile and d =
+               128's 128-key tile, measured faster without). O leaves through
+               shared memory by TMA store.
      backward  FA3 (Hopper, sm_90a, head dims 64 128 256, atomic mode): one
                CTA of two warpgroups per 128 keys; each warpgroup keeps dK,
                dV of its 64 keys in registers (at d = 256: 64 keys per CTA,
@@ -65,7 +67,8 @@
      FA_SM90_OVERLAP  1 (default): QK^T of tile j+1 overlaps the softmax of j
      FA_SM90_PINGPONG 1 (default): consumer warpgroups alternate their GEMMs
                      (the last two are ablation switches, as in the FA3 paper;
-                     the d = 64 causal tile for Nq < 4096 never ping-pongs)
+                     the d = 64 causal tile for Nq < 4096 and d = 128's
+                     128-key tile never ping-pong)
      FA_SM90_ROWS_<d>, FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper tile for
                      d = 64, 128, 256: query rows (128 or 192), keys, K/V
                      pipeline stages (default: the table below); with 192
@@ -1718,6 +1721,12 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #elif FA_I_D == 128 && FA_SM90_ROWS_128 == 128 && FA_SM90_KEYS_128 == 128 && FA_SM90_STAGES_128 == 2
 #define FA_I_SM90_CFG_1 (128, 176, 2)
 #define FA_I_SM90_PINGPONG_1 1
+/* d = 128's 128 x 128 tile measured 0 to +4.5% faster without ping-pong
+   once the warpgroup index was warp-uniform (bench/NOTES.md f19) */
+#define FA_I_SM90_PINGPONG_0 0
+#endif
+#ifndef FA_I_SM90_PINGPONG_0
+#define FA_I_SM90_PINGPONG_0 1
 #endif
 /* Shared memory: the K/V ring with the 1 KB alignment slack, then Q and O
    tiles of 2 d rows bytes each: two Q buffers and O's own where the table
@@ -1858,6 +1867,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_SM90_Q_BYTES
 #undef FA_I_SM90_Q_BUFS_OF
 #undef FA_I_SM90_O_APART_OF
+#undef FA_I_SM90_PINGPONG_0
 #endif
 #ifdef FA_I_SM90_CFG_1
 #undef FA_I_SM90_CFG_1
@@ -2153,7 +2163,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
 #undef FA_I_PASS
 #define FA_I_PASS 3
 #define FA_I_SV _0
-#define FA_I_SV_PINGPONG 1
+#define FA_I_SV_PINGPONG FA_I_SM90_PINGPONG_0
 #define FA_I_SM90_CFG FA_I_SM90_CFG_0
 #include "flashattn_cuda.cuh"
 #undef FA_I_SV

@@ -1,0 +1,53 @@
+"""Sums an ncu per-SASS-line export by opcode and by how often each line ran
+per warp (a profiling aid for bench/NOTES.md, never a benchmark).
+
+Usage:
+  ncu --section SourceCounters --section WarpStateStats -k regex:NAME -o REP \
+      python3 bench/profile_gpu.py ...
+  ncu -i REP.ncu-rep -k regex:NAME --page source --csv --print-source sass > lines.csv
+  python3 bench/sass_summary.py lines.csv WARPS
+WARPS: the launch's warps (CTAs x warps per CTA), so that counts read per warp;
+a line run once per key tile then shows as the number of key tiles."""
+import collections
+import csv
+import sys
+
+
+def number(cell):
+    try:
+        return float(cell.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def main():
+    path, warps = sys.argv[1], int(sys.argv[2])
+    rows = list(csv.reader(open(path, errors="replace")))
+    head = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
+    cols = rows[head]
+    source, executed = cols.index("Source"), cols.index("Instructions Executed")
+    stalls = cols.index("Warp Stall Sampling (All Samples)")
+    by_op, by_runs, stall_by_op = collections.Counter(), collections.Counter(), collections.Counter()
+    for r in rows[head + 1:]:
+        words = r[source].split() if len(r) > stalls else []
+        if not words:
+            continue
+        op = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")[0]
+        n = number(r[executed])
+        by_op[op] += n
+        stall_by_op[op] += number(r[stalls])
+        if n:
+            by_runs[round(n / warps, 1)] += n
+    total, samples = sum(by_op.values()), max(sum(stall_by_op.values()), 1.0)
+    print(f"{path}: {total:.0f} warp instructions, {total / warps:.0f} per warp; "
+          f"{samples:.0f} stall samples")
+    print("opcode     per warp   share of stall samples")
+    for op, n in by_op.most_common(30):
+        print(f"  {op:10s} {n / warps:9.1f}   {100 * stall_by_op[op] / samples:5.1f}%")
+    print("runs per warp: instructions per warp from lines run that often")
+    for runs, n in sorted(by_runs.items()):
+        print(f"  x{runs:7.1f}: {n / warps:9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -314,6 +314,14 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_L2_HINTS_64 0
 #define FA_I_SM90_L2_HINTS_128 0
 #define FA_I_SM90_L2_HINTS_256 1
+/* Whether the FA3 forward pins tile n's softmax above the wait for PV(n-1)
+   (fa_i_pin). Without it ptxas runs the common path's softmax after that
+   wait. On the H200 the pin gave d = 256 +2 to +7.5% at N >= 2k (+0.2 to
+   +1.8% shorter), d = 64 -1 to -3%, d = 128 -1.8 to +0.5% (bench/NOTES.md
+   f21), so d = 256 only. */
+#define FA_I_SM90_PIN_SOFTMAX_64 0
+#define FA_I_SM90_PIN_SOFTMAX_128 0
+#define FA_I_SM90_PIN_SOFTMAX_256 1
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
 /* The FA3 backward (d = 64, 128, 256): keys per CTA (64 per warpgroup, or
    at d = 256 64 shared by both, which split d), Q/dO buffers and fp32 dQ
@@ -1013,6 +1021,15 @@ static __device__ __forceinline__ void fa_i_wgmma_commit(void)
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 #define FA_I_WGMMA_WAIT(n) asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(n) : "memory")
+/* Keeps the computation of x above the wgmma wait that follows. ptxas sinks
+   independent arithmetic below a wgmma.wait_group (the softmax of tile n went
+   below the wait for PV(n - 1) in every FA3 forward kernel's SASS, so that it
+   never ran under that PV); a volatile shared-memory store of x stays above
+   the wait, and with it everything x needs. */
+static __device__ __forceinline__ void fa_i_pin(float *slot, float x)
+{
+    *(volatile float *)slot = x;
+}
 /* After a wgmma wait: tells the compiler the registers changed here, so that
    no read of them moves above the wait and none of them is reused while a
    wgmma still reads or writes it. */
@@ -2522,6 +2539,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         Q_BUFS = FA_I_SNAME(sm90_q_bufs), O_APART = FA_I_SNAME(sm90_o_apart), Q_BYTES = BM * D * 2,
         PINGPONG = FA_SM90_PINGPONG && FA_I_SV_PINGPONG,
         L2_HINTS = FA_I_CAT(FA_I_SM90_L2_HINTS_, FA_I_D),
+        PIN_SOFTMAX = FA_I_CAT(FA_I_SM90_PIN_SOFTMAX_, FA_I_D),
         /* Without O's own buffer, a tile that saw keys stages each
            warpgroup's O in its last key tile's ring stage (warpgroup 0 in
            the K stage, 1 in the V stage) so that Q is free after the last
@@ -2683,6 +2701,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             /* Tile n's S is issued together with tile n-1's PV: the softmax
                of n runs while PV(n-1) is on the tensor cores. */
             if (n_first < n_end) {
+                __shared__ float pins[4 * NC]; /* a slot per consumer warp for fa_i_pin */
                 FA_I_SM90_SCORES(n_first);
                 for (n = n_first + 1; n < n_end; ++n) {
                     fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
@@ -2696,6 +2715,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
                     FA_I_SNAME(sm90_softmax)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
                                                      log2_scale, m_run, l_run, alpha);
+                    /* the row sums need every exp of the softmax */
+                    if (PIN_SOFTMAX && lane == 0) fa_i_pin(pins + tid / 32 - 4, l_run[0] + l_run[1]);
                     FA_I_WGMMA_WAIT(0);
                     fa_i_fence_f32(o, D / 2);
                     fa_i_fence_u32(pr, BN / 4);

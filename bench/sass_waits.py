@@ -7,7 +7,8 @@ The softmax overlaps PV(n - 1) only if its exps (MUFU.EX2) stay above that
 second wait in the SASS; ptxas may sink them below it. For each FA3 forward
 kernel this prints, for every `WARPGROUP.DEPBAR.LE`, the MUFU.EX2 in the 80
 instructions above it and in the straight-line code below it (up to the next
-branch), and exits 1 if the loop's wait is followed by exps.
+branch), and exits 1 if the loop's wait is followed by exps (as it is, by
+choice, at d = 64 and 128: FA_I_SM90_PIN_SOFTMAX_<d>, bench/NOTES.md f21).
 
 Usage: python3 bench/sass_waits.py build/libflashattn_cuda_test.so
 cuobjdump comes from $CUOBJDUMP, else PATH (the CUDA Toolkit has it; on a

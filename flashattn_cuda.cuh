@@ -36,11 +36,13 @@
                shared-memory stages (full/empty mbarriers); two
                consumer warpgroups (three at d = 64) of 64 query rows each
                run S = QK^T (SS wgmma) and O += PV (RS wgmma, P from
-               registers), the QK^T of the next tile overlapping the softmax
-               of this one, and take turns on the tensor cores (ping-pong on
-               named barriers; not on the d = 64 short causal tile and d =
-               128's 128-key tile, measured faster without). O leaves through
-               shared memory by TMA store.
+               registers), each key tile's QK^T issued with the previous
+               tile's PV so that its softmax can run under that PV (held
+               there by a pin at d = 256; at d = 64 and 128 ptxas runs it
+               after the PV, measured as fast or faster), and take turns on
+               the tensor cores (ping-pong on named barriers; not on the d =
+               64 short causal tile and d = 128's 128-key tile, measured
+               faster without). O leaves through shared memory by TMA store.
      backward  FA3 (Hopper, sm_90a, head dims 64 128 256, atomic mode): one
                CTA of two warpgroups per 128 keys; each warpgroup keeps dK,
                dV of its 64 keys in registers (at d = 256: 64 keys per CTA,
@@ -2699,7 +2701,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
     } while (0)
 #if FA_SM90_OVERLAP
             /* Tile n's S is issued together with tile n-1's PV: the softmax
-               of n runs while PV(n-1) is on the tensor cores. */
+               of n runs while PV(n-1) is on the tensor cores where
+               PIN_SOFTMAX holds it above PV(n-1)'s wait; elsewhere ptxas
+               moves its common path below that wait, and only the other
+               warpgroup's GEMMs run under it. */
             if (n_first < n_end) {
                 __shared__ float pins[4 * NC]; /* a slot per consumer warp for fa_i_pin */
                 FA_I_SM90_SCORES(n_first);

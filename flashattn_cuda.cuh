@@ -2706,7 +2706,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                moves its common path below that wait, and only the other
                warpgroup's GEMMs run under it. */
             if (n_first < n_end) {
-                __shared__ float pins[4 * NC]; /* a slot per consumer warp for fa_i_pin */
+                /* a slot per consumer warp for fa_i_pin (warps 4 .. 4 NC + 3: tid / 32 - 4) */
+                __shared__ float pins[4 * NC];
                 FA_I_SM90_SCORES(n_first);
                 for (n = n_first + 1; n < n_end; ++n) {
                     fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));

@@ -1739,11 +1739,11 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #define FA_I_SM90_PINGPONG_1 0
 #elif FA_I_D == 128 && FA_SM90_ROWS_128 == 128 && FA_SM90_KEYS_128 == 128 && FA_SM90_STAGES_128 == 2
 #define FA_I_SM90_CFG_1 (128, 176, 2)
-#define FA_I_SM90_PINGPONG_1 1
+#define FA_I_SM90_PINGPONG_1 0
 #endif
 /* Variant 0 ping-pongs but on d = 128's 128 x 128 tile, measured 0 to +4.5%
    faster without once the warpgroup index was warp-uniform (bench/NOTES.md
-   f19) */
+   f19); the 176-key tile without it +0.8% in three runs (f24). */
 #define FA_I_SM90_PINGPONG_0 (!(FA_I_D == 128 && FA_SM90_ROWS_128 == 128 && FA_SM90_KEYS_128 == 128))
 /* Shared memory: the K/V ring with the 1 KB alignment slack, then Q and O
    tiles of 2 d rows bytes each: two Q buffers and O's own where the table

@@ -41,8 +41,8 @@
                there by a pin at d = 256; at d = 64 and 128 ptxas runs it
                after the PV, measured as fast or faster), and take turns on
                the tensor cores (ping-pong on named barriers; not on the d =
-               64 short causal tile and d = 128's 128-key tile, measured
-               faster without). O leaves through shared memory by TMA store.
+               64 short causal tile and at d = 128, measured faster
+               without). O leaves through shared memory by TMA store.
      backward  FA3 (Hopper, sm_90a, head dims 64 128 256, atomic mode): one
                CTA of two warpgroups per 128 keys; each warpgroup keeps dK,
                dV of its 64 keys in registers (at d = 256: 64 keys per CTA,
@@ -1743,7 +1743,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS,
 #endif
 /* Variant 0 ping-pongs but on d = 128's 128 x 128 tile, measured 0 to +4.5%
    faster without once the warpgroup index was warp-uniform (bench/NOTES.md
-   f19); the 176-key tile without it +0.8% in three runs (f24). */
+   f19); the 176-key tile without it +0.8% in three runs (f25). */
 #define FA_I_SM90_PINGPONG_0 (!(FA_I_D == 128 && FA_SM90_ROWS_128 == 128 && FA_SM90_KEYS_128 == 128))
 /* Shared memory: the K/V ring with the 1 KB alignment slack, then Q and O
    tiles of 2 d rows bytes each: two Q buffers and O's own where the table

@@ -79,8 +79,8 @@ for d, nq, nk in ((256, 1, 1), (256, 65, 257), (256, 257, 81), (128, 129, 1000),
 for causal in (False, True):
     case(f"gpu_fwd_many_tiles_d256_causal{int(causal)}", gpu_forward, batch=5, heads_q=10,
          heads_kv=5, seqlen_q=1000, seqlen_k=170, head_dim=256, dtype="bf16", causal=causal)
-# d 64's short causal tile issues each tile's first S under the previous
-# tile's last PV: tiles that see no keys after ones that do, and the reverse.
+# d 64's short causal tile (128 rows) over many tiles per CTA: tiles that see
+# no keys after ones that do, and the reverse.
 case("gpu_fwd_many_tiles_d64_causal", gpu_forward, batch=5, heads_q=10, heads_kv=5,
      seqlen_q=1000, seqlen_k=170, head_dim=64, dtype="bf16", causal=True)
 case("gpu_fwd_many_tiles_d128_long_keys", gpu_forward, batch=70, heads_q=4, heads_kv=2,

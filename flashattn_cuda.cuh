@@ -587,10 +587,10 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    a warp's whole dQ tile (64 floats) next to dK and dV (128) left no room
    for a second dO stage without spills; in halves, 32 at a time (measured on
    the H200, bench/NOTES.md v14). At d = 128 halves (16 of 32 floats at a
-   time) measured +1.7 to +3.2% on the H200 on 10 of 11 rows, -0.5% on one
-   (v16). Compiled for sm_8x,
-   ptxas still spilled 8 bytes with halves at d = 256; quarters, 16 at a
-   time, leave none there. sm_8x keeps d = 128 whole: not measured there. */
+   time) measured +1.7 to +3.2% on 10 of 11 rows and -0.5% on one (v16).
+   Compiled for sm_8x, ptxas still spilled 8 bytes with halves at d = 256;
+   quarters, 16 at a time, leave none there. sm_8x keeps d = 128 whole: not
+   measured there. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define FA_I_BWD_DQ_PARTS(d) ((d) == 256 ? 4 : 1)
 #else

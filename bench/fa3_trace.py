@@ -27,7 +27,7 @@ ROOT = os.path.dirname(HERE)
 TILES, SLOTS, CTAS, WGS = 48, 16, 132, 3  # traced tiles per CTA (the last row holds CTA times)
 
 # The parts of a tile, between the clock reads (slot numbers as in PROBES).
-PARTS = [("q_wait", 11, 1), ("spans", 11, 0), ("first", 1, 2), ("loop", 2, 3),
+PARTS = [("top_to_q", 11, 1), ("spans", 11, 0), ("first", 1, 2), ("loop", 2, 3),
          ("v_wait", 3, 8), ("pv+lse", 8, 9), ("coords", 9, 10), ("pv_wait", 10, 4),
          ("st_wait", 4, 5), ("epilogue", 5, 6)]
 

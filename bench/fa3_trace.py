@@ -8,7 +8,7 @@ tests/shim_cuda.cu for one head dim (bf16). `run` times each given build
 (CUDA events), traces one forward and prints, per build, the median cycles
 of each part of a tile and a fit of a tile's cycles against its key steps:
 the intercept is what a tile costs besides its steps. The clock reads cost
-~2% of the run time; compare traced builds with traced builds.
+2 - 5% of the run time; compare traced builds with traced builds.
 
 Usage:
   python3 bench/fa3_trace.py build D OUT.so [extra nvcc flags]

@@ -18,7 +18,6 @@ the headers as on main; where an anchor no longer matches, it says which."""
 import ctypes
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 
@@ -104,18 +103,6 @@ def build(d, out, flags):
     subprocess.run(cmd, check=True)
 
 
-def median_ms(torch, fn, reps=30):
-    for _ in range(10):
-        fn()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * reps)]
-    for i in range(reps):
-        ev[2 * i].record()
-        fn()
-        ev[2 * i + 1].record()
-    torch.cuda.synchronize()
-    return statistics.median(ev[2 * i].elapsed_time(ev[2 * i + 1]) for i in range(reps))
-
-
 def report(np, buf, wgs):
     """Lines of medians and the fit, from a [CTAS, WGS, TILES, SLOTS] trace."""
     cta = buf[:, :wgs, TILES - 1, :]
@@ -161,7 +148,7 @@ def run(configs, specs):
             impl.forward()
             torch.cuda.synchronize()
             err = ((o.float() - ref).norm() / ref.norm()).item()
-            line = f"  {name}: error {err:.1e}, {median_ms(torch, impl.forward):.4f} ms"
+            line = f"  {name}: error {err:.1e}, {bg.median_ms(impl.forward, 30, 0.1):.4f} ms"
             if hasattr(lib, "fa_trace_get"):
                 lib.fa_trace_reset()
                 impl.forward()

@@ -1,0 +1,195 @@
+/* nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -DFA_HEAD_DIM=64 -DFA_CUDA_DTYPE=2 -o build/fa3_step_micro bench/fa3_step_micro.cu
+
+   The key step of the d = 64 FA3 forward's short tile without its memory
+   pipeline (a profiling aid for bench/NOTES.md, never a test): K, V and Q
+   sit in shared memory from the start, nothing is loaded or stored, and
+   each consumer warpgroup runs the step's instructions ITERS times:
+   S = Q K^T (4 SS wgmma m64n128k16), O += P V (8 RS wgmma m64n64k16) and
+   the softmax of the 64 x 128 S tile (row max, exp2, row sums, O's rescale,
+   P packed), written as the kernel writes them. Prints, per configuration,
+   the clock cycles one iteration takes in each warpgroup (132 CTAs, one per
+   SM, %clock64 around the loop). Roles per warpgroup:
+     step     S(n) issued with PV(n - 1), wait for S, softmax, wait for PV,
+              rescale and pack (the kernel's overlap loop);
+     softmax  the softmax, rescale and pack alone;
+     gemms    the two GEMMs and their wait alone.
+   "ping-pong" adds the kernel's turn barriers between the step warpgroups. */
+#define FLASHATTN_IMPLEMENTATION
+#define FLASHATTN_CUDA_IMPLEMENTATION
+#include "../flashattn_cuda.cuh"
+
+#include <stdio.h>
+
+enum { ITERS = 512, IDLE = 0, STEP = 1, SOFTMAX = 2, GEMMS = 3, SMEM = 56 * 1024 + 1024 };
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uint32_t *pr,
+                                                   uint32_t sq, uint32_t sk, uint32_t sv)
+{
+    const uint64_t ad = fa_i_wgmma_desc(sq, 16, 1024), bd = fa_i_wgmma_desc(sk, 16, 1024);
+    const uint64_t vd = fa_i_wgmma_desc(sv, 128 * 128, 1024);
+    int i;
+    fa_i_wgmma_fence();
+#pragma unroll
+    for (i = 0; i < 4; ++i)
+        fa_i_wgmma_ss_bf16_n128(s, fa_i_desc_add(ad, i * 32), fa_i_desc_add(bd, i * 32), i > 0);
+    fa_i_wgmma_commit();
+    fa_i_wgmma_fence();
+#pragma unroll
+    for (i = 0; i < 8; ++i) fa_i_wgmma_rs_bf16_n64(o, pr + 4 * i, fa_i_desc_add(vd, i * 2048));
+    fa_i_wgmma_commit();
+}
+
+/* The kernel's sm90_softmax without mask and softcap: p gets 2^(s c - max). */
+static __device__ __forceinline__ void micro_softmax(const float *s, float *p, float *m_run,
+                                                     float *l_run, float *alpha)
+{
+    const float log2_scale = 0.18f;
+    int i, half;
+#pragma unroll
+    for (half = 0; half < 2; ++half) {
+        float mx = -INFINITY, ref, sum = 0.0f;
+#pragma unroll
+        for (i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(m_run[half], mx * log2_scale);
+        ref = mx == -INFINITY ? 0.0f : mx;
+        alpha[half] = fa_i_dev_exp2(m_run[half] - ref);
+        m_run[half] = mx;
+#pragma unroll
+        for (i = 0; i < 16; ++i) {
+            const int e = 4 * i + 2 * half;
+            p[e] = fa_i_dev_exp2(fmaf(s[e], log2_scale, -ref));
+            p[e + 1] = fa_i_dev_exp2(fmaf(s[e + 1], log2_scale, -ref));
+            sum += p[e] + p[e + 1];
+        }
+        l_run[half] = l_run[half] * alpha[half] + sum;
+    }
+}
+
+static __device__ __forceinline__ void micro_rescale_pack(float *o, const float *p, uint32_t *pr,
+                                                          const float *alpha)
+{
+    int i;
+#pragma unroll
+    for (i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (i = 0; i < 32; ++i) pr[i] = fa_i_pack_bf16(p[2 * i], p[2 * i + 1]);
+}
+#endif
+
+/* roles: warpgroup w's role in bits 4w .. 4w + 3; pingpong over the first
+   `steppers` warpgroups, all of them in the STEP role. */
+static __global__ void __launch_bounds__(384, 1)
+    step_micro(unsigned long long *cycles, int roles, int steppers, int pingpong, float *sink)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ uint4 smem[];
+    const uint32_t base = (fa_i_smem_addr(smem) + 1023) & ~1023u;
+    const int wg = threadIdx.x / 128, role = (roles >> (4 * wg)) & 15;
+    /* Q of each warpgroup (8 KB), then K and V (16 KB each), 128-byte swizzle
+       layout; the values only need to be finite */
+    const uint32_t sq = base + wg * 8192, sk = base + 3 * 8192, sv = sk + 16384;
+    float s[64], p[64], o[32], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+    uint32_t pr[32];
+    unsigned long long start;
+    int i, it;
+    for (i = threadIdx.x; i < (SMEM - 1024) / 16; i += blockDim.x) {
+        const uint32_t bits = 0x3c003c00u ^ (i * 2654435761u & 0x007f007fu);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + 16 * i), "r"(bits)
+                     : "memory");
+    }
+    __syncthreads();
+    for (i = 0; i < 64; ++i) s[i] = p[i] = (float)((threadIdx.x * 7 + i * 13) % 17) * 0.25f;
+    for (i = 0; i < 32; ++i) {
+        o[i] = 1.0f;
+        pr[i] = 0x3c003c00u;
+    }
+    alpha[0] = alpha[1] = 1.0f;
+    if (role == IDLE) return;
+    if (pingpong && wg == steppers - 1) fa_i_named_arrive(1, 256);
+    start = clock64();
+    for (it = 0; it < ITERS; ++it) {
+        if (role == STEP) {
+            if (pingpong) fa_i_named_sync(1 + wg, 256);
+            micro_gemms(s, o, pr, sq, sk, sv);
+            if (pingpong) fa_i_named_arrive(1 + (wg + 1) % steppers, 256);
+            FA_I_WGMMA_WAIT(1);
+            fa_i_fence_f32(s, 64);
+            micro_softmax(s, p, m_run, l_run, alpha);
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(o, 32);
+            fa_i_fence_u32(pr, 32);
+            micro_rescale_pack(o, p, pr, alpha);
+        } else if (role == GEMMS) {
+            micro_gemms(s, o, pr, sq, sk, sv);
+            FA_I_WGMMA_WAIT(0);
+            fa_i_fence_f32(s, 64);
+            fa_i_fence_f32(o, 32);
+        } else {
+            micro_softmax(s, p, m_run, l_run, alpha);
+            micro_rescale_pack(o, p, pr, alpha);
+            fa_i_fence_f32(s, 64); /* opaque: the next iteration computes again */
+            fa_i_fence_u32(pr, 32);
+        }
+    }
+    if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + wg] = clock64() - start;
+    if (pingpong && wg == 0) fa_i_named_sync(1, 256); /* the last warpgroup's last arrival */
+    {
+        float acc = l_run[0] + l_run[1];
+        for (i = 0; i < 32; ++i) acc += o[i] + (float)pr[i];
+        if (acc == 12345.0f) *sink = acc; /* keeps the results live */
+    }
+#else
+    (void)cycles;
+    (void)roles;
+    (void)steppers;
+    (void)pingpong;
+    (void)sink;
+#endif
+}
+
+int main(void)
+{
+    static const char *role_name[] = {"idle", "step", "softmax", "gemms"};
+    /* {role of warpgroup 0, 1, 2, ping-pong} */
+    static const int configs[][4] = {
+        {STEP, IDLE, IDLE, 0},    {STEP, STEP, IDLE, 0},     {STEP, STEP, IDLE, 1},
+        {STEP, STEP, STEP, 0},    {STEP, STEP, STEP, 1},     {SOFTMAX, IDLE, IDLE, 0},
+        {GEMMS, IDLE, IDLE, 0},   {SOFTMAX, GEMMS, IDLE, 0}, {SOFTMAX, SOFTMAX, IDLE, 0},
+        {GEMMS, GEMMS, IDLE, 0}};
+    unsigned long long *cycles, host[132 * 3];
+    float *sink;
+    int c, w;
+    if (cudaMalloc(&cycles, sizeof host) != cudaSuccess || cudaMalloc(&sink, sizeof(float)) != cudaSuccess ||
+        cudaFuncSetAttribute(step_micro, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) {
+        printf("fa3_step_micro: no usable GPU\n");
+        return 1;
+    }
+    for (c = 0; c < (int)(sizeof configs / sizeof configs[0]); ++c) {
+        const int *k = configs[c];
+        const int roles = k[0] | k[1] << 4 | k[2] << 8, steppers = (k[0] == STEP) + (k[1] == STEP) + (k[2] == STEP);
+        int run;
+        for (run = 0; run < 2; ++run) { /* the first run warms up */
+            cudaMemset(cycles, 0, sizeof host);
+            step_micro<<<132, 384, SMEM>>>(cycles, roles, steppers, k[3], sink);
+            if (cudaDeviceSynchronize() != cudaSuccess) {
+                printf("fa3_step_micro: the kernel failed\n");
+                return 1;
+            }
+        }
+        cudaMemcpy(host, cycles, sizeof host, cudaMemcpyDeviceToHost);
+        printf("%-7s %-7s %-7s %-9s:", role_name[k[0]], role_name[k[1]], role_name[k[2]],
+               k[3] ? "ping-pong" : "");
+        for (w = 0; w < 3; ++w)
+            if (k[w] != IDLE) {
+                double sum = 0.0;
+                int b;
+                for (b = 0; b < 132; ++b) sum += (double)host[b * 3 + w];
+                printf("  wg%d %5.0f", w, sum / 132 / ITERS);
+            }
+        printf("  cycles an iteration\n");
+    }
+    return 0;
+}

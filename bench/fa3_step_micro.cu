@@ -1,4 +1,4 @@
-/* nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -DFA_HEAD_DIM=64 -DFA_CUDA_DTYPE=2 -o build/fa3_step_micro bench/fa3_step_micro.cu
+/* mkdir -p build && nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -DFA_HEAD_DIM=64 -DFA_CUDA_DTYPE=2 -o build/fa3_step_micro bench/fa3_step_micro.cu
 
    The key step of the d = 64 FA3 forward's short tile without its memory
    pipeline (a profiling aid for bench/NOTES.md, never a test): K, V and Q
@@ -23,8 +23,11 @@
 enum { ITERS = 512, IDLE = 0, STEP = 1, SOFTMAX = 2, GEMMS = 3, SMEM = 56 * 1024 + 1024 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* first_overwrites 0 keeps S accumulating, so that ptxas can't find it dead
+   where nothing reads it (it then issues a dummy wgmma in its place) */
 static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uint32_t *pr,
-                                                   uint32_t sq, uint32_t sk, uint32_t sv)
+                                                   uint32_t sq, uint32_t sk, uint32_t sv,
+                                                   int first_overwrites)
 {
     const uint64_t ad = fa_i_wgmma_desc(sq, 16, 1024), bd = fa_i_wgmma_desc(sk, 16, 1024);
     const uint64_t vd = fa_i_wgmma_desc(sv, 128 * 128, 1024);
@@ -32,7 +35,8 @@ static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uin
     fa_i_wgmma_fence();
 #pragma unroll
     for (i = 0; i < 4; ++i)
-        fa_i_wgmma_ss_bf16_n128(s, fa_i_desc_add(ad, i * 32), fa_i_desc_add(bd, i * 32), i > 0);
+        fa_i_wgmma_ss_bf16_n128(s, fa_i_desc_add(ad, i * 32), fa_i_desc_add(bd, i * 32),
+                                i > 0 || !first_overwrites);
     fa_i_wgmma_commit();
     fa_i_wgmma_fence();
 #pragma unroll
@@ -81,13 +85,14 @@ static __device__ __forceinline__ void micro_rescale_pack(float *o, const float 
 
 /* roles: warpgroup w's role in bits 4w .. 4w + 3; pingpong over the first
    `steppers` warpgroups, all of them in the STEP role. */
-static __global__ void __launch_bounds__(384, 1)
-    step_micro(unsigned long long *cycles, int roles, int steppers, int pingpong, float *sink)
+static __device__ __forceinline__ void step_micro(unsigned long long *cycles, int roles, int steppers,
+                                                  int pingpong, float *sink)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint4 smem[];
     const uint32_t base = (fa_i_smem_addr(smem) + 1023) & ~1023u;
-    const int wg = threadIdx.x / 128, role = (roles >> (4 * wg)) & 15;
+    /* from lane 0, so that ptxas treats it (and the role) as warp-uniform */
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0), role = (roles >> (4 * wg)) & 15;
     /* Q of each warpgroup (8 KB), then K and V (16 KB each), 128-byte swizzle
        layout; the values only need to be finite */
     const uint32_t sq = base + wg * 8192, sk = base + 3 * 8192, sv = sk + 16384;
@@ -110,10 +115,11 @@ static __global__ void __launch_bounds__(384, 1)
     if (role == IDLE) return;
     if (pingpong && wg == steppers - 1) fa_i_named_arrive(1, 256);
     start = clock64();
-    for (it = 0; it < ITERS; ++it) {
-        if (role == STEP) {
+    /* one loop per role, each straight-line like the kernel's */
+    if (role == STEP)
+        for (it = 0; it < ITERS; ++it) {
             if (pingpong) fa_i_named_sync(1 + wg, 256);
-            micro_gemms(s, o, pr, sq, sk, sv);
+            micro_gemms(s, o, pr, sq, sk, sv, 1);
             if (pingpong) fa_i_named_arrive(1 + (wg + 1) % steppers, 256);
             FA_I_WGMMA_WAIT(1);
             fa_i_fence_f32(s, 64);
@@ -122,23 +128,28 @@ static __global__ void __launch_bounds__(384, 1)
             fa_i_fence_f32(o, 32);
             fa_i_fence_u32(pr, 32);
             micro_rescale_pack(o, p, pr, alpha);
-        } else if (role == GEMMS) {
-            micro_gemms(s, o, pr, sq, sk, sv);
+        }
+    else if (role == GEMMS)
+        for (it = 0; it < ITERS; ++it) {
+            micro_gemms(s, o, pr, sq, sk, sv, 0);
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(s, 64);
             fa_i_fence_f32(o, 32);
-        } else {
+        }
+    else
+        /* each iteration's P is the next one's S: a real dependency, no
+           extra instruction, nothing for ptxas to hoist */
+        for (it = 0; it < ITERS; it += 2) {
             micro_softmax(s, p, m_run, l_run, alpha);
             micro_rescale_pack(o, p, pr, alpha);
-            fa_i_fence_f32(s, 64); /* opaque: the next iteration computes again */
-            fa_i_fence_u32(pr, 32);
+            micro_softmax(p, s, m_run, l_run, alpha);
+            micro_rescale_pack(o, s, pr, alpha);
         }
-    }
     if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + wg] = clock64() - start;
     if (pingpong && wg == 0) fa_i_named_sync(1, 256); /* the last warpgroup's last arrival */
     {
         float acc = l_run[0] + l_run[1];
-        for (i = 0; i < 32; ++i) acc += o[i] + (float)pr[i];
+        for (i = 0; i < 32; ++i) acc += o[i] + (float)pr[i] + s[i] + s[i + 32];
         if (acc == 12345.0f) *sink = acc; /* keeps the results live */
     }
 #else
@@ -148,6 +159,19 @@ static __global__ void __launch_bounds__(384, 1)
     (void)pingpong;
     (void)sink;
 #endif
+}
+
+/* Two or three warpgroups: the register budgets of the kernel's two tiles
+   (up to 255 and 168 here, 232 and 160 there). */
+static __global__ void __launch_bounds__(256, 1)
+    step_micro_2(unsigned long long *cycles, int roles, int steppers, int pingpong, float *sink)
+{
+    step_micro(cycles, roles, steppers, pingpong, sink);
+}
+static __global__ void __launch_bounds__(384, 1)
+    step_micro_3(unsigned long long *cycles, int roles, int steppers, int pingpong, float *sink)
+{
+    step_micro(cycles, roles, steppers, pingpong, sink);
 }
 
 int main(void)
@@ -163,7 +187,8 @@ int main(void)
     float *sink;
     int c, w;
     if (cudaMalloc(&cycles, sizeof host) != cudaSuccess || cudaMalloc(&sink, sizeof(float)) != cudaSuccess ||
-        cudaFuncSetAttribute(step_micro, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) {
+        cudaFuncSetAttribute(step_micro_2, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(step_micro_3, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) {
         printf("fa3_step_micro: no usable GPU\n");
         return 1;
     }
@@ -173,7 +198,10 @@ int main(void)
         int run;
         for (run = 0; run < 2; ++run) { /* the first run warms up */
             cudaMemset(cycles, 0, sizeof host);
-            step_micro<<<132, 384, SMEM>>>(cycles, roles, steppers, k[3], sink);
+            if (k[2] == IDLE)
+                step_micro_2<<<132, 256, SMEM>>>(cycles, roles, steppers, k[3], sink);
+            else
+                step_micro_3<<<132, 384, SMEM>>>(cycles, roles, steppers, k[3], sink);
             if (cudaDeviceSynchronize() != cudaSuccess) {
                 printf("fa3_step_micro: the kernel failed\n");
                 return 1;

@@ -6,7 +6,7 @@
    each consumer warpgroup runs the step's instructions ITERS times:
    S = Q K^T (4 SS wgmma m64n128k16), O += P V (8 RS wgmma m64n64k16) and
    the softmax of the 64 x 128 S tile (row max, exp2, row sums, O's rescale,
-   P packed), written as the kernel writes them. Prints, per configuration,
+   P packed) by the kernel's own functions. Prints, per configuration,
    the clock cycles one iteration takes in each warpgroup (132 CTAs, one per
    SM, %clock64 around the loop). Roles per warpgroup:
      step     S(n) issued with PV(n - 1), wait for S, softmax, wait for PV,
@@ -43,45 +43,13 @@ static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uin
     for (i = 0; i < 8; ++i) fa_i_wgmma_rs_bf16_n64(o, pr + 4 * i, fa_i_desc_add(vd, i * 2048));
     fa_i_wgmma_commit();
 }
-
-/* The kernel's sm90_softmax without mask and softcap: p gets 2^(s c - max). */
-static __device__ __forceinline__ void micro_softmax(const float *s, float *p, float *m_run,
-                                                     float *l_run, float *alpha)
-{
-    const float log2_scale = 0.18f;
-    int i, half;
-#pragma unroll
-    for (half = 0; half < 2; ++half) {
-        float mx = -INFINITY, ref, sum = 0.0f;
-#pragma unroll
-        for (i = 0; i < 16; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(m_run[half], mx * log2_scale);
-        ref = mx == -INFINITY ? 0.0f : mx;
-        alpha[half] = fa_i_dev_exp2(m_run[half] - ref);
-        m_run[half] = mx;
-#pragma unroll
-        for (i = 0; i < 16; ++i) {
-            const int e = 4 * i + 2 * half;
-            p[e] = fa_i_dev_exp2(fmaf(s[e], log2_scale, -ref));
-            p[e + 1] = fa_i_dev_exp2(fmaf(s[e + 1], log2_scale, -ref));
-            sum += p[e] + p[e + 1];
-        }
-        l_run[half] = l_run[half] * alpha[half] + sum;
-    }
-}
-
-static __device__ __forceinline__ void micro_rescale_pack(float *o, const float *p, uint32_t *pr,
-                                                          const float *alpha)
-{
-    int i;
-#pragma unroll
-    for (i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-    for (i = 0; i < 32; ++i) pr[i] = fa_i_pack_bf16(p[2 * i], p[2 * i + 1]);
-}
 #endif
+
+/* The kernel's own softmax and rescale of its short d = 64 tile (variant
+   _1: 128 rows, 128 keys), unmasked. */
+#define MICRO_SOFTMAX() \
+    fa_i_sm90_softmax_bf16_1_d64(&prm, s, 0, 0, no_range, no_range, log2_scale, m_run, l_run, alpha)
+#define MICRO_RESCALE_PACK() fa_i_sm90_rescale_pack_bf16_1_d64(o, s, pr, alpha)
 
 /* roles: warpgroup w's role in bits 4w .. 4w + 3; pingpong over the first
    `steppers` warpgroups, all of them in the STEP role. */
@@ -96,7 +64,10 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
     /* Q of each warpgroup (8 KB), then K and V (16 KB each), 128-byte swizzle
        layout; the values only need to be finite */
     const uint32_t sq = base + wg * 8192, sk = base + 3 * 8192, sv = sk + 16384;
-    float s[64], p[64], o[32], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+    float s[64], o[32], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+    const int no_range[2] = {0, 0}; /* key ranges: read only by a masked tile */
+    const float log2_scale = 0.18f;
+    fa_params prm; /* the softmax reads only its softcap: 0 */
     uint32_t pr[32];
     unsigned long long start;
     int i, it;
@@ -106,7 +77,8 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
                      : "memory");
     }
     __syncthreads();
-    for (i = 0; i < 64; ++i) s[i] = p[i] = (float)((threadIdx.x * 7 + i * 13) % 17) * 0.25f;
+    memset(&prm, 0, sizeof prm);
+    for (i = 0; i < 64; ++i) s[i] = (float)((threadIdx.x * 7 + i * 13) % 17) * 0.25f;
     for (i = 0; i < 32; ++i) {
         o[i] = 1.0f;
         pr[i] = 0x3c003c00u;
@@ -123,11 +95,11 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
             if (pingpong) fa_i_named_arrive(1 + (wg + 1) % steppers, 256);
             FA_I_WGMMA_WAIT(1);
             fa_i_fence_f32(s, 64);
-            micro_softmax(s, p, m_run, l_run, alpha);
+            MICRO_SOFTMAX();
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(o, 32);
             fa_i_fence_u32(pr, 32);
-            micro_rescale_pack(o, p, pr, alpha);
+            MICRO_RESCALE_PACK();
         }
     else if (role == GEMMS)
         for (it = 0; it < ITERS; ++it) {
@@ -137,13 +109,11 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
             fa_i_fence_f32(o, 32);
         }
     else
-        /* each iteration's P is the next one's S: a real dependency, no
-           extra instruction, nothing for ptxas to hoist */
-        for (it = 0; it < ITERS; it += 2) {
-            micro_softmax(s, p, m_run, l_run, alpha);
-            micro_rescale_pack(o, p, pr, alpha);
-            micro_softmax(p, s, m_run, l_run, alpha);
-            micro_rescale_pack(o, s, pr, alpha);
+        /* the softmax turns S into P in place, and each iteration's P is
+           the next one's S: nothing for ptxas to hoist */
+        for (it = 0; it < ITERS; ++it) {
+            MICRO_SOFTMAX();
+            MICRO_RESCALE_PACK();
         }
     if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + wg] = clock64() - start;
     if (pingpong && wg == 0) fa_i_named_sync(1, 256); /* the last warpgroup's last arrival */

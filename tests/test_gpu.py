@@ -83,6 +83,16 @@ for causal in (False, True):
 # no keys after ones that do, and the reverse.
 case("gpu_fwd_many_tiles_d64_causal", gpu_forward, batch=5, heads_q=10, heads_kv=5,
      seqlen_q=1000, seqlen_k=170, head_dim=64, dtype="bf16", causal=True)
+# d 64's short causal tile where the diagonal meets key tiles at their start:
+# Nk - Nq a multiple of 128 either way (Nq > Nk: rows that see no key), and
+# with a window's start or a softcap on the diagonal tiles.
+for nq, nk in ((300, 556), (428, 300)):
+    case(f"gpu_fwd_diag_{nq}x{nk}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=nq,
+         seqlen_k=nk, head_dim=64, dtype="f16", causal=True)
+case("gpu_fwd_diag_window", gpu_forward, seqlen_q=700, seqlen_k=700, head_dim=64,
+     dtype="bf16", causal=True, window=(200, -1))
+case("gpu_fwd_diag_softcap", gpu_forward, seqlen_q=700, seqlen_k=700, head_dim=64,
+     dtype="bf16", causal=True, softcap=4.0, amplitude=3.0)
 case("gpu_fwd_many_tiles_d128_long_keys", gpu_forward, batch=70, heads_q=4, heads_kv=2,
      seqlen_q=3, seqlen_k=8200, head_dim=128, dtype="bf16")
 

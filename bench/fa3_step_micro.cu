@@ -6,8 +6,8 @@
    each consumer warpgroup runs the step's instructions ITERS times:
    S = Q K^T (4 SS wgmma m64n128k16), O += P V (8 RS wgmma m64n64k16) and
    the softmax of the 64 x 128 S tile (row max, exp2, row sums, O's rescale,
-   P packed) by the kernel's own functions. Prints, per configuration,
-   the clock cycles one iteration takes in each warpgroup (132 CTAs, one per
+   P packed); PV and the softmax by the kernel's own functions. Prints, per
+   configuration, the clock cycles one iteration takes in each warpgroup (132 CTAs, one per
    SM, %clock64 around the loop). Roles per warpgroup:
      step     S(n) issued with PV(n - 1), wait for S, softmax, wait for PV,
               rescale and pack (the kernel's overlap loop);
@@ -23,14 +23,15 @@
 enum { ITERS = 512, IDLE = 0, STEP = 1, SOFTMAX = 2, GEMMS = 3, SMEM = 56 * 1024 + 1024 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* first_overwrites 0 keeps S accumulating, so that ptxas can't find it dead
-   where nothing reads it (it then issues a dummy wgmma in its place) */
+/* S = Q K^T as the kernel's fa_i_sm90_qk_bf16_1_d64 issues it, but with
+   first_overwrites 0 S keeps accumulating, so that ptxas can't find it dead
+   where nothing reads it (it then issues a dummy wgmma in its place); then
+   the kernel's own O += P V. */
 static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uint32_t *pr,
                                                    uint32_t sq, uint32_t sk, uint32_t sv,
                                                    int first_overwrites)
 {
     const uint64_t ad = fa_i_wgmma_desc(sq, 16, 1024), bd = fa_i_wgmma_desc(sk, 16, 1024);
-    const uint64_t vd = fa_i_wgmma_desc(sv, 128 * 128, 1024);
     int i;
     fa_i_wgmma_fence();
 #pragma unroll
@@ -38,10 +39,7 @@ static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uin
         fa_i_wgmma_ss_bf16_n128(s, fa_i_desc_add(ad, i * 32), fa_i_desc_add(bd, i * 32),
                                 i > 0 || !first_overwrites);
     fa_i_wgmma_commit();
-    fa_i_wgmma_fence();
-#pragma unroll
-    for (i = 0; i < 8; ++i) fa_i_wgmma_rs_bf16_n64(o, pr + 4 * i, fa_i_desc_add(vd, i * 2048));
-    fa_i_wgmma_commit();
+    fa_i_sm90_pv_bf16_1_d64(o, pr, sv);
 }
 #endif
 

@@ -71,6 +71,9 @@
                      (the last two are ablation switches, as in the FA3 paper;
                      the d = 64 causal tile for Nq < 4096 and d = 128's
                      128-key tile never ping-pong)
+     FA_SM90_SPEC    1 (default): on two-warpgroup tiles a key tile's exps
+                     start from the running max and are redone only where it
+                     rose past 2^8; 0: the row max first, as in the FA3 paper
      FA_SM90_ROWS_<d>, FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper tile for
                      d = 64, 128, 256: query rows (128 or 192), keys, K/V
                      pipeline stages (default: the table below); with 192
@@ -324,6 +327,25 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_SM90_PIN_SOFTMAX_64 0
 #define FA_I_SM90_PIN_SOFTMAX_128 0
 #define FA_I_SM90_PIN_SOFTMAX_256 1
+/* Speculative exps in the FA3 forward's key loop (FA_SM90_SPEC): a tile's
+   exps run against the running max, without the tile's own max (no row
+   max, no O rescale in the common case); where some thread's exps of a row
+   sum to more than FA_I_SM90_SPEC_SUM_MAX (so a P may exceed it: the max
+   rose) the warp redoes them against the new max. Per head dim: 1 keeps P
+   in fp32 registers beside PV(n - 1) (64 more registers: d = 64 only), 2
+   waits for PV(n - 1) and packs P straight into its operand registers.
+   Two-warpgroup tiles of at most 128 keys (the 176-key d = 128 tile
+   spilled). On the H200 (bench/NOTES.md f37): d = 64 form 1 +3.8 to +7.1%
+   at causal 1k - 2k (form 2 -1.3 to +0.1%), d = 128 form 2 -0.3 to +4.2%,
+   d = 256 form 2 +3.4 to +4.7% over the pinned softmax
+   (FA_I_SM90_PIN_SOFTMAX_256, which now serves FA_SM90_SPEC=0). */
+#ifndef FA_SM90_SPEC
+#define FA_SM90_SPEC 1
+#endif
+#define FA_I_SM90_SPEC_SUM_MAX 256.0f
+#define FA_I_SM90_SPEC_64 1
+#define FA_I_SM90_SPEC_128 2
+#define FA_I_SM90_SPEC_256 2
 #define FA_I_SM90_SMEM_MAX (227 * 1024)
 /* The FA3 backward (d = 64, 128, 256): keys per CTA (64 per warpgroup, or
    at d = 256 64 shared by both, which split d), Q/dO buffers and fp32 dQ
@@ -2466,13 +2488,12 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_pv)(float *o, const uint3
    keys at or past each row's end; FA_I_MASK_LO: also keys before its start),
    running max and sum; S becomes P = 2^(score - max) in place; alpha gets
    each row's rescale factor for O. */
-static __device__ __forceinline__ void FA_I_SNAME(sm90_softmax)(
-    const fa_params *p, float *s, int c0, int mask, const int *lo, const int *hi,
-    float log2_scale, float *m_run, float *l_run, float *alpha)
+static __device__ __forceinline__ void FA_I_SNAME(sm90_scores)(
+    const fa_params *p, float *s, int c0, int mask, const int *lo, const int *hi)
 {
     enum { BN = FA_I_SM90_BN };
     const int lane = threadIdx.x & 31, col0 = c0 + 2 * (lane & 3);
-    int i, half;
+    int i;
     if (p->softcap > 0.0f)
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] = fa_i_score(p, s[i]);
@@ -2491,6 +2512,16 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_softmax)(
         for (i = 0; i < BN / 2; ++i)
             if (8 * (i >> 2) + (i & 1) >= end[(i >> 1) & 1]) s[i] = -INFINITY;
     }
+}
+
+/* The rows' max of the masked scores s, running max and sum; s becomes
+   P = 2^(score - max) in place, alpha each row's rescale factor for O. */
+static __device__ __forceinline__ void FA_I_SNAME(sm90_exps)(float *s, float log2_scale,
+                                                             float *m_run, float *l_run,
+                                                             float *alpha)
+{
+    enum { BN = FA_I_SM90_BN };
+    int i, half;
 #pragma unroll
     for (half = 0; half < 2; ++half) {
         float mx = -INFINITY, ref, sum = 0.0f;
@@ -2513,16 +2544,79 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_softmax)(
     }
 }
 
+static __device__ __forceinline__ void FA_I_SNAME(sm90_softmax)(
+    const fa_params *p, float *s, int c0, int mask, const int *lo, const int *hi,
+    float log2_scale, float *m_run, float *l_run, float *alpha)
+{
+    FA_I_SNAME(sm90_scores)(p, s, c0, mask, lo, hi);
+    FA_I_SNAME(sm90_exps)(s, log2_scale, m_run, l_run, alpha);
+}
+
+/* The softmax with speculative exps (FA_SM90_SPEC): the exps run against the
+   running max, without the tile's own max. A thread whose 32 exps of a row
+   sum to at most FA_I_SM90_SPEC_SUM_MAX has no P above it, and if no thread
+   of the warp has more, the reference stays and O keeps its scale: P goes
+   to e (fp32), or with `packed` straight into pr, and this returns 0.
+   Otherwise (a row's max rose, or it had none yet) the warp redoes the exps
+   from S, kept for this, against the new max and returns 1: P is then in e
+   (or, packed, in s) and alpha holds the rescale factors. */
+static __device__ __forceinline__ int FA_I_SNAME(sm90_softmax_spec)(
+    const fa_params *p, float *s, float *e, uint32_t *pr, int packed, int c0, int mask,
+    const int *lo, const int *hi, float log2_scale, float *m_run, float *l_run, float *alpha)
+{
+    enum { BN = FA_I_SM90_BN };
+    int i, half, rose = 0;
+    float sum[2];
+    FA_I_SNAME(sm90_scores)(p, s, c0, mask, lo, hi);
+#pragma unroll
+    for (half = 0; half < 2; ++half) {
+        sum[half] = 0.0f;
+#pragma unroll
+        for (i = 0; i < BN / 8; ++i) {
+            const int j = 4 * i + 2 * half;
+            const float e0 = fa_i_dev_exp2(fmaf(s[j], log2_scale, -m_run[half]));
+            const float e1 = fa_i_dev_exp2(fmaf(s[j + 1], log2_scale, -m_run[half]));
+            sum[half] += e0 + e1;
+            if (packed) {
+                pr[j / 2] = FA_I_PACK(e0, e1);
+            } else {
+                e[j] = e0;
+                e[j + 1] = e1;
+            }
+        }
+        /* also true for inf and NaN: a row with no max yet (-inf) always redoes */
+        rose |= !(sum[half] <= FA_I_SM90_SPEC_SUM_MAX);
+    }
+    /* the exps stay above the vote: otherwise the compiler sinks them into
+       the common path, below the vote */
+    if (packed)
+        fa_i_fence_u32(pr, BN / 4);
+    else
+        fa_i_fence_f32(e, BN / 2);
+    if (__any_sync(0xffffffffu, rose)) {
+        FA_I_SNAME(sm90_exps)(s, log2_scale, m_run, l_run, alpha);
+        if (!packed)
+#pragma unroll
+            for (i = 0; i < BN / 2; ++i) e[i] = s[i];
+        return 1;
+    }
+    l_run[0] += sum[0];
+    l_run[1] += sum[1];
+    return 0;
+}
+
 /* O *= alpha per row; P to 16-bit pairs in the A-fragment order of the RS
    wgmma, which is the accumulator order: k16 slice k takes S[8k .. 8k + 7]. */
 static __device__ __forceinline__ void FA_I_SNAME(sm90_rescale_pack)(float *o, const float *s,
                                                                              uint32_t *pr,
-                                                                             const float *alpha)
+                                                                             const float *alpha,
+                                                                             int rescale)
 {
     enum { BN = FA_I_SM90_BN };
     int i;
+    if (rescale)
 #pragma unroll
-    for (i = 0; i < FA_I_D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+        for (i = 0; i < FA_I_D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
 #pragma unroll
     for (i = 0; i < BN / 4; ++i) pr[i] = FA_I_PACK(s[2 * i], s[2 * i + 1]);
 }
@@ -2545,6 +2639,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         PINGPONG = FA_SM90_PINGPONG && FA_I_SV_PINGPONG,
         L2_HINTS = FA_I_CAT(FA_I_SM90_L2_HINTS_, FA_I_D),
         PIN_SOFTMAX = FA_I_CAT(FA_I_SM90_PIN_SOFTMAX_, FA_I_D),
+        SPEC = FA_SM90_SPEC && NC == 2 && BN <= 128 ? FA_I_CAT(FA_I_SM90_SPEC_, FA_I_D) : 0,
         /* Without O's own buffer, a tile that saw keys stages each
            warpgroup's O in its last key tile's ring stage (warpgroup 0 in
            the K stage, 1 in the V stage) so that Q is free after the last
@@ -2649,7 +2744,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0);
         const int t = tid % 128, lane = t & 31, warp = t >> 5;
         const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-        float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
+        float o[D / 2], s[BN / 2], e[SPEC == 1 ? BN / 2 : 1], m_run[2], l_run[2], alpha[2];
         uint32_t pr[BN / 4];
         int64_t k;
         int it = 0, mb, h, b, have;
@@ -2700,7 +2795,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));                    \
         FA_I_SNAME(sm90_softmax)(&p, s, (n) * BN, FA_I_MASKED(n), lo, hi, log2_scale,    \
                                  m_run, l_run, alpha);                                   \
-        FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);                                  \
+        FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha, 1);                               \
     } while (0)
 #if FA_SM90_OVERLAP
             /* Tile n's S is issued together with tile n-1's PV: the softmax
@@ -2711,6 +2806,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             if (n_first < n_end) {
                 /* a slot per consumer warp for fa_i_pin (warps 4 .. 4 NC + 3: tid / 32 - 4) */
                 __shared__ float pins[4 * NC];
+                int redo = 1;
                 FA_I_SM90_SCORES(n_first);
                 for (n = n_first + 1; n < n_end; ++n) {
                     fa_i_mbar_wait(k_full + 8 * FA_I_STAGE(n), FA_I_PARITY(n));
@@ -2719,18 +2815,34 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                     FA_I_SNAME(sm90_qk)(s, sq_wg, sk + FA_I_STAGE(n) * TILE);
                     FA_I_SNAME(sm90_pv)(o, pr, sv + FA_I_STAGE(n - 1) * TILE);
                     fa_i_sm90_turn_end(PINGPONG, cw, NC);
-                    FA_I_WGMMA_WAIT(1);
+                    /* SPEC 2 waits for PV(n - 1) too: its P goes straight into pr */
+                    FA_I_WGMMA_WAIT(SPEC == 2 ? 0 : 1);
                     fa_i_fence_f32(s, BN / 2);
                     if (lane == 0) fa_i_mbar_arrive(k_empty + 8 * FA_I_STAGE(n));
-                    FA_I_SNAME(sm90_softmax)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
-                                                     log2_scale, m_run, l_run, alpha);
+                    if (SPEC == 2) {
+                        fa_i_fence_f32(o, D / 2);
+                        fa_i_fence_u32(pr, BN / 4);
+                        if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
+                        if (FA_I_SNAME(sm90_softmax_spec)(&p, s, e, pr, 1, n * BN, FA_I_MASKED(n),
+                                                          lo, hi, log2_scale, m_run, l_run, alpha))
+                            FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha, 1);
+                        continue;
+                    }
+                    if (SPEC) {
+                        redo = FA_I_SNAME(sm90_softmax_spec)(&p, s, e, pr, 0, n * BN,
+                                                             FA_I_MASKED(n), lo, hi, log2_scale,
+                                                             m_run, l_run, alpha);
+                    } else {
+                        FA_I_SNAME(sm90_softmax)(&p, s, n * BN, FA_I_MASKED(n), lo, hi,
+                                                 log2_scale, m_run, l_run, alpha);
+                    }
                     /* the row sums need every exp of the softmax */
                     if (PIN_SOFTMAX && lane == 0) fa_i_pin(pins + tid / 32 - 4, l_run[0] + l_run[1]);
                     FA_I_WGMMA_WAIT(0);
                     fa_i_fence_f32(o, D / 2);
                     fa_i_fence_u32(pr, BN / 4);
                     if (lane == 0) fa_i_mbar_arrive(v_empty + 8 * FA_I_STAGE(n - 1));
-                    FA_I_SNAME(sm90_rescale_pack)(o, s, pr, alpha);
+                    FA_I_SNAME(sm90_rescale_pack)(o, SPEC ? e : s, pr, alpha, !SPEC || redo);
                 }
                 /* issued here, waited for below the next tile's coordinates */
                 fa_i_mbar_wait(v_full + 8 * last_stage, FA_I_PARITY(n_end - 1));

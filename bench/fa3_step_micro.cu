@@ -47,7 +47,7 @@ static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uin
    _1: 128 rows, 128 keys), unmasked. */
 #define MICRO_SOFTMAX() \
     fa_i_sm90_softmax_bf16_1_d64(&prm, s, 0, 0, no_range, no_range, log2_scale, m_run, l_run, alpha)
-#define MICRO_RESCALE_PACK() fa_i_sm90_rescale_pack_bf16_1_d64(o, s, pr, alpha)
+#define MICRO_RESCALE_PACK() fa_i_sm90_rescale_pack_bf16_1_d64(o, s, pr, alpha, 1)
 
 /* roles: warpgroup w's role in bits 4w .. 4w + 3; pingpong over the first
    `steppers` warpgroups, all of them in the STEP role. */

@@ -2744,7 +2744,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0);
         const int t = tid % 128, lane = t & 31, warp = t >> 5;
         const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
-        float o[D / 2], s[BN / 2], e[SPEC == 1 ? BN / 2 : 1], m_run[2], l_run[2], alpha[2];
+        float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
         uint32_t pr[BN / 4];
         int64_t k;
         int it = 0, mb, h, b, have;
@@ -2806,6 +2806,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
             if (n_first < n_end) {
                 /* a slot per consumer warp for fa_i_pin (warps 4 .. 4 NC + 3: tid / 32 - 4) */
                 __shared__ float pins[4 * NC];
+                float e[SPEC == 1 ? BN / 2 : 1]; /* P of SPEC 1 */
                 int redo = 1;
                 FA_I_SM90_SCORES(n_first);
                 for (n = n_first + 1; n < n_end; ++n) {

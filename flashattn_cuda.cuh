@@ -323,7 +323,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    (fa_i_pin). Without it ptxas runs the common path's softmax after that
    wait. On the H200 the pin gave d = 256 +2 to +7.5% at N >= 2k (+0.2 to
    +1.8% shorter), d = 64 -1 to -3%, d = 128 -1.8 to +0.5% (bench/NOTES.md
-   f21), so d = 256 only. */
+   f21), so d = 256 only, and there only without FA_SM90_SPEC (its form 2
+   waits for PV first). */
 #define FA_I_SM90_PIN_SOFTMAX_64 0
 #define FA_I_SM90_PIN_SOFTMAX_128 0
 #define FA_I_SM90_PIN_SOFTMAX_256 1

@@ -2588,8 +2588,8 @@ static __device__ __forceinline__ int FA_I_SNAME(sm90_softmax_spec)(
         /* also true for inf and NaN: a row with no max yet (-inf) always redoes */
         rose |= !(sum[half] <= FA_I_SM90_SPEC_SUM_MAX);
     }
-    /* the exps stay above the vote: otherwise the compiler sinks them into
-       the common path, below the vote */
+    /* P's writes stay above the vote, as measured (f37): without this the
+       compiler sinks what the redo overwrites into the common path */
     if (packed)
         fa_i_fence_u32(pr, BN / 4);
     else

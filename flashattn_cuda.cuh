@@ -2485,10 +2485,9 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_pv)(float *o, const uint3
     fa_i_wgmma_commit();
 }
 
-/* Online softmax of one S tile (keys c0...): softcap, mask (FA_I_MASK_HI:
-   keys at or past each row's end; FA_I_MASK_LO: also keys before its start),
-   running max and sum; S becomes P = 2^(score - max) in place; alpha gets
-   each row's rescale factor for O. */
+/* The scores of one S tile (keys c0...) in place: softcap, then the mask
+   (FA_I_MASK_HI: keys at or past each row's end; FA_I_MASK_LO: also keys
+   before its start) as -inf. */
 static __device__ __forceinline__ void FA_I_SNAME(sm90_scores)(
     const fa_params *p, float *s, int c0, int mask, const int *lo, const int *hi)
 {
@@ -2545,6 +2544,7 @@ static __device__ __forceinline__ void FA_I_SNAME(sm90_exps)(float *s, float log
     }
 }
 
+/* Online softmax of one S tile: its scores, then the row max and the exps. */
 static __device__ __forceinline__ void FA_I_SNAME(sm90_softmax)(
     const fa_params *p, float *s, int c0, int mask, const int *lo, const int *hi,
     float log2_scale, float *m_run, float *l_run, float *alpha)

@@ -344,6 +344,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_SM90_SPEC 1
 #endif
 #define FA_I_SM90_SPEC_SUM_MAX 256.0f
+#ifndef FA_FWD_SPEC
+#define FA_FWD_SPEC 1
+#endif
 #define FA_I_SM90_SPEC_64 1
 #define FA_I_SM90_SPEC_128 2
 #define FA_I_SM90_SPEC_256 2
@@ -2117,39 +2120,66 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                         if (col < lo || col >= hi) s[t >> 1][i][2 * (t & 1) + j] = -INFINITY;
                     }
             }
+        /* Speculative exps (FA_FWD_SPEC, as the FA3 forward's f37): against the
+           running max, without this block's row max; kept where every
+           thread's part sum of a row is at most FA_I_SM90_SPEC_SUM_MAX, else
+           the warp redoes them with the row max below. */
+        {
+            int rose = 0;
 #pragma unroll
-        for (t = 0; t < 2 * MT; ++t) { /* online softmax, row by row */
-            float (*row)[4] = s[t >> 1];
-            const int e = 2 * (t & 1);
-            float mx = -INFINITY, ref, sum = 0.0f;
+            for (t = 0; t < 2 * MT; ++t) {
+                float (*row)[4] = s[t >> 1];
+                const int e = 2 * (t & 1);
+                float sum = 0.0f;
 #pragma unroll
-            for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(row[i][e], row[i][e + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(m_run[t], mx * log2_scale); /* running max in base-2 units */
-            ref = mx == -INFINITY ? 0.0f : mx;     /* a row with nothing visible yet stays 0 */
-            alpha[t] = fa_i_dev_exp2(m_run[t] - ref);
-            m_run[t] = mx;
-#pragma unroll
-            for (i = 0; i < BN / 8; ++i) { /* 2^(s c - max): one FFMA and one MUFU */
-                const float e0 = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -ref));
-                const float e1 = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -ref));
-                sum += e0 + e1;
-                /* P as A fragments of the PV MMA, packed now so the scores die */
-                pa[t >> 1][i >> 1][2 * (i & 1) + (t & 1)] = FA_I_PACK(e0, e1);
-            }
-            l_run[t] = l_run[t] * alpha[t] + sum; /* per-thread partial sums; reduced at the end */
-        }
-#pragma unroll
-        for (t = 0; t < MT; ++t) /* O *= alpha, skipped (exactly) where no row's max moved */
-            if (__any_sync(0xffffffffu, alpha[2 * t] != 1.0f || alpha[2 * t + 1] != 1.0f))
-#pragma unroll
-                for (i = 0; i < D / 8; ++i) {
-                    o[t][i][0] *= alpha[2 * t];
-                    o[t][i][1] *= alpha[2 * t];
-                    o[t][i][2] *= alpha[2 * t + 1];
-                    o[t][i][3] *= alpha[2 * t + 1];
+                for (i = 0; i < BN / 8; ++i) {
+                    const float e0 = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -m_run[t]));
+                    const float e1 = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -m_run[t]));
+                    sum += e0 + e1;
+                    pa[t >> 1][i >> 1][2 * (i & 1) + (t & 1)] = FA_I_PACK(e0, e1);
                 }
+                alpha[t] = sum; /* this block's part sum, until the vote */
+                rose |= !(sum <= FA_I_SM90_SPEC_SUM_MAX);
+            }
+            if (!(FA_FWD_SPEC && FA_I_D == 256) || __any_sync(0xffffffffu, rose)) {
+#pragma unroll
+                for (t = 0; t < 2 * MT; ++t) { /* online softmax, row by row */
+                    float (*row)[4] = s[t >> 1];
+                    const int e = 2 * (t & 1);
+                    float mx = -INFINITY, ref, sum = 0.0f;
+#pragma unroll
+                    for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(row[i][e], row[i][e + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    mx = fmaxf(m_run[t], mx * log2_scale); /* running max in base-2 units */
+                    ref = mx == -INFINITY ? 0.0f : mx;     /* a row with nothing visible yet stays 0 */
+                    alpha[t] = fa_i_dev_exp2(m_run[t] - ref);
+                    m_run[t] = mx;
+#pragma unroll
+                    for (i = 0; i < BN / 8; ++i) { /* 2^(s c - max): one FFMA and one MUFU */
+                        const float e0 = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -ref));
+                        const float e1 = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -ref));
+                        sum += e0 + e1;
+                        /* P as A fragments of the PV MMA, packed now so the scores die */
+                        pa[t >> 1][i >> 1][2 * (i & 1) + (t & 1)] = FA_I_PACK(e0, e1);
+                    }
+                    l_run[t] = l_run[t] * alpha[t] + sum; /* per-thread partial sums; reduced at the end */
+                }
+#pragma unroll
+                for (t = 0; t < MT; ++t) /* O *= alpha, skipped (exactly) where no row's max moved */
+                    if (__any_sync(0xffffffffu, alpha[2 * t] != 1.0f || alpha[2 * t + 1] != 1.0f))
+#pragma unroll
+                        for (i = 0; i < D / 8; ++i) {
+                            o[t][i][0] *= alpha[2 * t];
+                            o[t][i][1] *= alpha[2 * t];
+                            o[t][i][2] *= alpha[2 * t + 1];
+                            o[t][i][3] *= alpha[2 * t + 1];
+                        }
+            } else {
+#pragma unroll
+                for (t = 0; t < 2 * MT; ++t) l_run[t] += alpha[t];
+            }
+        }
         if (STAGES == 1) { /* V(n) landed and K(n) is free: load K(n + 1) during PV */
             fa_i_cp_async_wait_0();
             __syncthreads();

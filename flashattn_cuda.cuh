@@ -347,6 +347,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #ifndef FA_FWD_SPEC
 #define FA_FWD_SPEC 1
 #endif
+/* The FA2 forward's speculative exps only at d = 256: at 64 and 128 the kept
+   scores spilled (254 - 255 registers already). */
+#define FA_I_FWD_SPEC (FA_FWD_SPEC && FA_I_D == 256)
 #define FA_I_SM90_SPEC_64 1
 #define FA_I_SM90_SPEC_128 2
 #define FA_I_SM90_SPEC_256 2
@@ -2125,9 +2128,9 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
            thread's part sum of a row is at most FA_I_SM90_SPEC_SUM_MAX, else
            the warp redoes them with the row max below. */
         {
-            int rose = 0;
+            int rose = 1;
 #pragma unroll
-            for (t = 0; t < 2 * MT; ++t) {
+            for (t = 0; t < 2 * MT && FA_I_FWD_SPEC; ++t) {
                 float (*row)[4] = s[t >> 1];
                 const int e = 2 * (t & 1);
                 float sum = 0.0f;
@@ -2139,9 +2142,9 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                     pa[t >> 1][i >> 1][2 * (i & 1) + (t & 1)] = FA_I_PACK(e0, e1);
                 }
                 alpha[t] = sum; /* this block's part sum, until the vote */
-                rose |= !(sum <= FA_I_SM90_SPEC_SUM_MAX);
+                rose = (t == 0 ? 0 : rose) | !(sum <= FA_I_SM90_SPEC_SUM_MAX);
             }
-            if (!(FA_FWD_SPEC && FA_I_D == 256) || __any_sync(0xffffffffu, rose)) {
+            if (!FA_I_FWD_SPEC || __any_sync(0xffffffffu, rose)) {
 #pragma unroll
                 for (t = 0; t < 2 * MT; ++t) { /* online softmax, row by row */
                     float (*row)[4] = s[t >> 1];

@@ -2673,7 +2673,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
         PINGPONG = FA_SM90_PINGPONG && FA_I_SV_PINGPONG,
         L2_HINTS = FA_I_CAT(FA_I_SM90_L2_HINTS_, FA_I_D),
         PIN_SOFTMAX = FA_I_CAT(FA_I_SM90_PIN_SOFTMAX_, FA_I_D),
-        SPEC = FA_SM90_SPEC && NC == 2 && BN <= 128 ? FA_I_CAT(FA_I_SM90_SPEC_, FA_I_D) : 0,
+        SPEC = !FA_SM90_SPEC || BN > 128 ? 0 : NC == 2 ? FA_I_CAT(FA_I_SM90_SPEC_, FA_I_D) : 2,
         /* Without O's own buffer, a tile that saw keys stages each
            warpgroup's O in its last key tile's ring stage (warpgroup 0 in
            the K stage, 1 in the V stage) so that Q is free after the last

@@ -71,9 +71,11 @@
                      (the last two are ablation switches, as in the FA3 paper;
                      the d = 64 causal tile for Nq < 4096 and d = 128's
                      128-key tile never ping-pong)
-     FA_SM90_SPEC    1 (default): on two-warpgroup tiles a key tile's exps
-                     start from the running max and are redone only where it
-                     rose past 2^8; 0: the row max first, as in the FA3 paper
+     FA_SM90_SPEC    1 (default): on FA3 tiles of at most 128 keys a key
+                     tile's exps start from the running max and are redone
+                     only where it rose past 2^8; 0: the row max first, as in
+                     the FA3 paper
+     FA_FWD_SPEC     1 (default): the same in the FA2 forward at d = 256; 0 not
      FA_SM90_ROWS_<d>, FA_SM90_KEYS_<d>, FA_SM90_STAGES_<d>   Hopper tile for
                      d = 64, 128, 256: query rows (128 or 192), keys, K/V
                      pipeline stages (default: the table below); with 192
@@ -335,11 +337,12 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    rose) the warp redoes them against the new max. Per head dim: 1 keeps P
    in fp32 registers beside PV(n - 1) (64 more registers: d = 64 only), 2
    waits for PV(n - 1) and packs P straight into its operand registers.
-   Two-warpgroup tiles of at most 128 keys (the 176-key d = 128 tile
-   spilled). On the H200 (bench/NOTES.md f37): d = 64 form 1 +3.8 to +7.1%
-   at causal 1k - 2k (form 2 -1.3 to +0.1%), d = 128 form 2 -0.3 to +4.2%,
-   d = 256 form 2 +3.4 to +4.7% over the pinned softmax
-   (FA_I_SM90_PIN_SOFTMAX_256, which now serves FA_SM90_SPEC=0). */
+   Tiles of at most 128 keys (the 176-key d = 128 tile spilled); form 1
+   needs two warpgroups, so d = 64's 192-row tile takes form 2. On the H200
+   (bench/NOTES.md f37, f38): d = 64 form 1 +3.8 to +7.1% at causal 1k - 2k
+   (form 2 -1.3 to +0.1%), the 192-row tile form 2 +6.4 to +9.5%, d = 128
+   form 2 -0.3 to +4.2%, d = 256 form 2 +3.4 to +4.7% over the pinned
+   softmax (FA_I_SM90_PIN_SOFTMAX_256, which now serves FA_SM90_SPEC=0). */
 #ifndef FA_SM90_SPEC
 #define FA_SM90_SPEC 1
 #endif
@@ -347,8 +350,9 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #ifndef FA_FWD_SPEC
 #define FA_FWD_SPEC 1
 #endif
-/* The FA2 forward's speculative exps only at d = 256: at 64 and 128 the kept
-   scores spilled (254 - 255 registers already). */
+/* The FA2 forward's speculative exps only at d = 256 (+2.8 to +4.4% at N =
+   1k - 4k on the H200, bench/NOTES.md v18): at 64 and 128 the kept scores
+   spilled (254 - 255 registers already). */
 #define FA_I_FWD_SPEC (FA_FWD_SPEC && FA_I_D == 256)
 #define FA_I_SM90_SPEC_64 1
 #define FA_I_SM90_SPEC_128 2

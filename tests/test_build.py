@@ -107,7 +107,7 @@ case("cuda_sm90a_no_spills", check_no_spills, SM90A)
 case("cuda_sm90a_ablations", check_no_spills, SM90A,
      "-DFA_CUDA_DTYPE=2", "-DFA_SM90_OVERLAP=0", "-DFA_SM90_PINGPONG=0")
 case("cuda_sm90a_no_speculative_exps", check_no_spills, SM90A,
-     "-DFA_HEAD_DIM=256", "-DFA_CUDA_DTYPE=2", "-DFA_SM90_SPEC=0")
+     "-DFA_HEAD_DIM=256", "-DFA_CUDA_DTYPE=2", "-DFA_SM90_SPEC=0", "-DFA_FWD_SPEC=0")
 case("cuda_sm90a_custom_tiles", check_no_spills, SM90A,
      "-DFA_CUDA_DTYPE=1", "-DFA_SM90_ROWS_64=128", "-DFA_SM90_KEYS_64=192",
      "-DFA_SM90_ROWS_128=192", "-DFA_SM90_KEYS_128=64")

@@ -100,11 +100,12 @@ case("gpu_fwd_diag_large_logits", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=7
      seqlen_k=700, head_dim=64, dtype="bf16", causal=True, amplitude=8.0)
 case("gpu_fwd_diag_large_logits_window", gpu_forward, seqlen_q=600, seqlen_k=650,
      head_dim=64, dtype="f16", causal=True, window=(150, -1), amplitude=6.0)
-# The same at d 128 and 256, whose tiles redo them after the wait for the
-# previous PV, packing P straight into its operand (form 2).
-for d, dtype in ((128, "bf16"), (256, "f16")):
+# The same at d 128 and 256, and on d 64's 192-row tile (not causal), whose
+# tiles redo them after the wait for the previous PV, packing P straight into
+# its operand (form 2).
+for d, dtype, causal in ((128, "bf16", True), (256, "f16", True), (64, "bf16", False)):
     case(f"gpu_fwd_large_logits_rise_d{d}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=500,
-         seqlen_k=620, head_dim=d, dtype=dtype, causal=True, window=(200, -1), amplitude=6.0)
+         seqlen_k=620, head_dim=d, dtype=dtype, causal=causal, window=(200, -1), amplitude=6.0)
 case("gpu_fwd_many_tiles_d128_long_keys", gpu_forward, batch=70, heads_q=4, heads_kv=2,
      seqlen_q=3, seqlen_k=8200, head_dim=128, dtype="bf16")
 

@@ -2127,6 +2127,16 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                         if (col < lo || col >= hi) s[t >> 1][i][2 * (t & 1) + j] = -INFINITY;
                     }
             }
+/* Row t's exps 2^(s c - ref), one FFMA and one MUFU each, added to sum and
+   packed as A fragments of the PV MMA (so the scores die). */
+#define FA_I_FWD_ROW_EXPS(t, ref, sum)                                                \
+    _Pragma("unroll") for (i = 0; i < BN / 8; ++i) {                                  \
+        const float *sc_ = s[(t) >> 1][i] + 2 * ((t) & 1);                            \
+        const float e0_ = fa_i_dev_exp2(fmaf(sc_[0], log2_scale, -(ref)));            \
+        const float e1_ = fa_i_dev_exp2(fmaf(sc_[1], log2_scale, -(ref)));            \
+        (sum) += e0_ + e1_;                                                           \
+        pa[(t) >> 1][i >> 1][2 * (i & 1) + ((t) & 1)] = FA_I_PACK(e0_, e1_);          \
+    }
         /* Speculative exps (FA_FWD_SPEC, as the FA3 forward's f37): against the
            running max, without this block's row max; kept where every
            thread's part sum of a row is at most FA_I_SM90_SPEC_SUM_MAX, else
@@ -2135,16 +2145,8 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
             int rose = 1;
 #pragma unroll
             for (t = 0; t < 2 * MT && FA_I_FWD_SPEC; ++t) {
-                float (*row)[4] = s[t >> 1];
-                const int e = 2 * (t & 1);
                 float sum = 0.0f;
-#pragma unroll
-                for (i = 0; i < BN / 8; ++i) {
-                    const float e0 = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -m_run[t]));
-                    const float e1 = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -m_run[t]));
-                    sum += e0 + e1;
-                    pa[t >> 1][i >> 1][2 * (i & 1) + (t & 1)] = FA_I_PACK(e0, e1);
-                }
+                FA_I_FWD_ROW_EXPS(t, m_run[t], sum);
                 alpha[t] = sum; /* this block's part sum, until the vote */
                 rose = (t == 0 ? 0 : rose) | !(sum <= FA_I_SM90_SPEC_SUM_MAX);
             }
@@ -2162,14 +2164,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                     ref = mx == -INFINITY ? 0.0f : mx;     /* a row with nothing visible yet stays 0 */
                     alpha[t] = fa_i_dev_exp2(m_run[t] - ref);
                     m_run[t] = mx;
-#pragma unroll
-                    for (i = 0; i < BN / 8; ++i) { /* 2^(s c - max): one FFMA and one MUFU */
-                        const float e0 = fa_i_dev_exp2(fmaf(row[i][e], log2_scale, -ref));
-                        const float e1 = fa_i_dev_exp2(fmaf(row[i][e + 1], log2_scale, -ref));
-                        sum += e0 + e1;
-                        /* P as A fragments of the PV MMA, packed now so the scores die */
-                        pa[t >> 1][i >> 1][2 * (i & 1) + (t & 1)] = FA_I_PACK(e0, e1);
-                    }
+                    FA_I_FWD_ROW_EXPS(t, ref, sum);
                     l_run[t] = l_run[t] * alpha[t] + sum; /* per-thread partial sums; reduced at the end */
                 }
 #pragma unroll
@@ -2187,6 +2182,7 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
                 for (t = 0; t < 2 * MT; ++t) l_run[t] += alpha[t];
             }
         }
+#undef FA_I_FWD_ROW_EXPS
         if (STAGES == 1) { /* V(n) landed and K(n) is free: load K(n + 1) during PV */
             fa_i_cp_async_wait_0();
             __syncthreads();

@@ -2142,13 +2142,13 @@ static __global__ void __launch_bounds__(32 * FA_I_CFG(FA_I_FWD_CFG, FA_I_THIRD)
            thread's part sum of a row is at most FA_I_SM90_SPEC_SUM_MAX, else
            the warp redoes them with the row max below. */
         {
-            int rose = 1;
+            int rose = 0;
 #pragma unroll
             for (t = 0; t < 2 * MT && FA_I_FWD_SPEC; ++t) {
                 float sum = 0.0f;
                 FA_I_FWD_ROW_EXPS(t, m_run[t], sum);
                 alpha[t] = sum; /* this block's part sum, until the vote */
-                rose = (t == 0 ? 0 : rose) | !(sum <= FA_I_SM90_SPEC_SUM_MAX);
+                rose |= !(sum <= FA_I_SM90_SPEC_SUM_MAX);
             }
             if (!FA_I_FWD_SPEC || __any_sync(0xffffffffu, rose)) {
 #pragma unroll

@@ -13,7 +13,8 @@
               rescale and pack (the kernel's overlap loop);
      softmax  the softmax, rescale and pack alone;
      gemms    the two GEMMs and their wait alone.
-   "ping-pong" adds the kernel's turn barriers between the step warpgroups. */
+   "ping-pong" adds the kernel's turn barriers between the step warpgroups,
+   "sync/k" a barrier of both step warpgroups every k iterations. */
 #define FLASHATTN_IMPLEMENTATION
 #define FLASHATTN_CUDA_IMPLEMENTATION
 #include "../flashattn_cuda.cuh"
@@ -44,15 +45,28 @@ static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uin
 #endif
 
 /* The kernel's own softmax and rescale of its short d = 64 tile (variant
-   _1: 128 rows, 128 keys), unmasked. */
-#define MICRO_SOFTMAX() \
-    fa_i_sm90_softmax_bf16_1_d64(&prm, s, 0, 0, no_range, no_range, log2_scale, m_run, l_run, alpha)
-#define MICRO_RESCALE_PACK() fa_i_sm90_rescale_pack_bf16_1_d64(o, s, pr, alpha, 1)
+   _1: 128 rows, 128 keys), unmasked. With spec (the kernel's common step
+   since f37, and the default of the two-warpgroup kernel here) the
+   speculative exps of S into e, which never redo after the first iteration
+   (the running max does not rise); without, the softmax with the row max,
+   S into P in place (-DMICRO_SPEC=0, and always with three warpgroups,
+   whose 168 registers don't hold e). */
+#ifndef MICRO_SPEC
+#define MICRO_SPEC 1
+#endif
+#define MICRO_SOFTMAX(s, e)                                                                      \
+    (spec ? (redo = fa_i_sm90_softmax_spec_bf16_1_d64(&prm, s, e, pr, 0, 0, 0, no_range, no_range, \
+                                                      log2_scale, m_run, l_run, alpha))          \
+          : (fa_i_sm90_softmax_bf16_1_d64(&prm, s, 0, 0, no_range, no_range, log2_scale, m_run,  \
+                                          l_run, alpha),                                         \
+             0))
+#define MICRO_RESCALE_PACK(s, e) fa_i_sm90_rescale_pack_bf16_1_d64(o, spec ? e : s, pr, alpha, !spec || redo)
 
-/* roles: warpgroup w's role in bits 4w .. 4w + 3; pingpong over the first
-   `steppers` warpgroups, all of them in the STEP role. */
+/* roles: warpgroup w's role in bits 4w .. 4w + 3. pingpong 1: turns over
+   the first `steppers` warpgroups, all of them in the STEP role; k > 1: the
+   steppers meet at a barrier atop every (k - 1)-th iteration (lockstep). */
 static __device__ __forceinline__ void step_micro(unsigned long long *cycles, int roles, int steppers,
-                                                  int pingpong, float *sink)
+                                                  int pingpong, float *sink, int spec)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint4 smem[];
@@ -62,13 +76,13 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
     /* Q of each warpgroup (8 KB), then K and V (16 KB each), 128-byte swizzle
        layout; the values only need to be finite */
     const uint32_t sq = base + wg * 8192, sk = base + 3 * 8192, sv = sk + 16384;
-    float s[64], o[32], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
+    float s[64], e[64], o[32], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2];
     const int no_range[2] = {0, 0}; /* key ranges: read only by a masked tile */
     const float log2_scale = 0.18f;
     fa_params prm; /* the softmax reads only its softcap: 0 */
     uint32_t pr[32];
     unsigned long long start;
-    int i, it;
+    int i, it, redo = 1;
     for (i = threadIdx.x; i < (SMEM - 1024) / 16; i += blockDim.x) {
         const uint32_t bits = 0x3c003c00u ^ (i * 2654435761u & 0x007f007fu);
         asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + 16 * i), "r"(bits)
@@ -76,28 +90,29 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
     }
     __syncthreads();
     memset(&prm, 0, sizeof prm);
-    for (i = 0; i < 64; ++i) s[i] = (float)((threadIdx.x * 7 + i * 13) % 17) * 0.25f;
+    for (i = 0; i < 64; ++i) e[i] = s[i] = (float)((threadIdx.x * 7 + i * 13) % 17) * 0.25f;
     for (i = 0; i < 32; ++i) {
         o[i] = 1.0f;
         pr[i] = 0x3c003c00u;
     }
     alpha[0] = alpha[1] = 1.0f;
     if (role == IDLE) return;
-    if (pingpong && wg == steppers - 1) fa_i_named_arrive(1, 256);
+    if (pingpong == 1 && wg == steppers - 1) fa_i_named_arrive(1, 256);
     start = clock64();
     /* one loop per role, each straight-line like the kernel's */
     if (role == STEP)
         for (it = 0; it < ITERS; ++it) {
-            if (pingpong) fa_i_named_sync(1 + wg, 256);
+            if (pingpong == 1) fa_i_named_sync(1 + wg, 256);
+            if (pingpong > 1 && it % (pingpong - 1) == 0) fa_i_named_sync(5, 128 * steppers);
             micro_gemms(s, o, pr, sq, sk, sv, 1);
-            if (pingpong) fa_i_named_arrive(1 + (wg + 1) % steppers, 256);
+            if (pingpong == 1) fa_i_named_arrive(1 + (wg + 1) % steppers, 256);
             FA_I_WGMMA_WAIT(1);
             fa_i_fence_f32(s, 64);
-            MICRO_SOFTMAX();
+            MICRO_SOFTMAX(s, e);
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(o, 32);
             fa_i_fence_u32(pr, 32);
-            MICRO_RESCALE_PACK();
+            MICRO_RESCALE_PACK(s, e);
         }
     else if (role == GEMMS)
         for (it = 0; it < ITERS; ++it) {
@@ -107,17 +122,19 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
             fa_i_fence_f32(o, 32);
         }
     else
-        /* the softmax turns S into P in place, and each iteration's P is
-           the next one's S: nothing for ptxas to hoist */
-        for (it = 0; it < ITERS; ++it) {
-            MICRO_SOFTMAX();
-            MICRO_RESCALE_PACK();
+        /* each iteration's P is the next one's S (in place, or from e back
+           to s in two half iterations): nothing for ptxas to hoist */
+        for (it = 0; it < ITERS; it += 2) {
+            MICRO_SOFTMAX(s, e);
+            MICRO_RESCALE_PACK(s, e);
+            MICRO_SOFTMAX(spec ? e : s, s);
+            MICRO_RESCALE_PACK(s, s);
         }
     if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + wg] = clock64() - start;
-    if (pingpong && wg == 0) fa_i_named_sync(1, 256); /* the last warpgroup's last arrival */
+    if (pingpong == 1 && wg == 0) fa_i_named_sync(1, 256); /* the last warpgroup's last arrival */
     {
         float acc = l_run[0] + l_run[1];
-        for (i = 0; i < 32; ++i) acc += o[i] + (float)pr[i] + s[i] + s[i + 32];
+        for (i = 0; i < 32; ++i) acc += o[i] + (float)pr[i] + s[i] + s[i + 32] + (spec ? e[i] + e[i + 32] : 0.0f);
         if (acc == 12345.0f) *sink = acc; /* keeps the results live */
     }
 #else
@@ -126,6 +143,7 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
     (void)steppers;
     (void)pingpong;
     (void)sink;
+    (void)spec;
 #endif
 }
 
@@ -134,12 +152,12 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
 static __global__ void __launch_bounds__(256, 1)
     step_micro_2(unsigned long long *cycles, int roles, int steppers, int pingpong, float *sink)
 {
-    step_micro(cycles, roles, steppers, pingpong, sink);
+    step_micro(cycles, roles, steppers, pingpong, sink, MICRO_SPEC);
 }
 static __global__ void __launch_bounds__(384, 1)
     step_micro_3(unsigned long long *cycles, int roles, int steppers, int pingpong, float *sink)
 {
-    step_micro(cycles, roles, steppers, pingpong, sink);
+    step_micro(cycles, roles, steppers, pingpong, sink, 0);
 }
 
 int main(void)
@@ -176,8 +194,10 @@ int main(void)
             }
         }
         cudaMemcpy(host, cycles, sizeof host, cudaMemcpyDeviceToHost);
-        printf("%-7s %-7s %-7s %-9s:", role_name[k[0]], role_name[k[1]], role_name[k[2]],
-               k[3] ? "ping-pong" : "");
+        char how[16] = "";
+        if (k[3] == 1) snprintf(how, sizeof how, "ping-pong");
+        if (k[3] > 1) snprintf(how, sizeof how, "sync/%d", k[3] - 1);
+        printf("%-7s %-7s %-7s %-9s:", role_name[k[0]], role_name[k[1]], role_name[k[2]], how);
         for (w = 0; w < 3; ++w)
             if (k[w] != IDLE) {
                 double sum = 0.0;

@@ -13,7 +13,9 @@ the intercept is what a tile costs besides its steps. The clock reads cost
 Usage:
   python3 bench/fa3_trace.py build D OUT.so [extra nvcc flags]
   python3 bench/fa3_trace.py run "d,n,causal;..." NAME=lib.so ...
-Shapes as in the sweep (B = 16384 / n, H = 2048 / d, bf16). `build` needs
+Shapes as in the sweep (B = 16384 / n, H = 2048 / d, bf16); with
+FA_TRACE_DUMP=DIR, `run` also saves each raw trace there (.npy, [CTA,
+warpgroup, tile, slot]). `build` needs
 the headers as on main; where an anchor no longer matches, it says which."""
 import ctypes
 import os
@@ -156,6 +158,8 @@ def run(configs, specs):
                 buf = np.zeros(CTAS * WGS * TILES * SLOTS, dtype=np.uint64)
                 assert lib.fa_trace_get(ctypes.c_void_p(buf.ctypes.data)) == 0
                 buf = buf.reshape(CTAS, WGS, TILES, SLOTS).astype(np.int64)
+                if os.environ.get("FA_TRACE_DUMP"):  # the raw clocks, for offline analysis
+                    np.save(os.path.join(os.environ["FA_TRACE_DUMP"], f"{name}_d{d}_n{n}_c{causal}.npy"), buf)
                 wgs = int((buf[:, :, TILES - 1, 0] != 0).sum(1).max())
                 line += "; " + report(np, buf, wgs)
             print(line, flush=True)

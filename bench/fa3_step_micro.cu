@@ -5,8 +5,9 @@
    sit in shared memory from the start, nothing is loaded or stored, and
    each consumer warpgroup runs the step's instructions ITERS times:
    S = Q K^T (4 SS wgmma m64n128k16), O += P V (8 RS wgmma m64n64k16) and
-   the softmax of the 64 x 128 S tile (row max, exp2, row sums, O's rescale,
-   P packed); PV and the softmax by the kernel's own functions. Prints, per
+   the softmax of the 64 x 128 S tile (the speculative exps against the
+   running max and row sums, or with -DMICRO_SPEC=0 the row max first; O's
+   rescale, P packed); PV and the softmax by the kernel's own functions. Prints, per
    configuration, the clock cycles one iteration takes in each warpgroup (132 CTAs, one per
    SM, %clock64 around the loop). Roles per warpgroup:
      step     S(n) issued with PV(n - 1), wait for S, softmax, wait for PV,

@@ -55,6 +55,9 @@ static __device__ __forceinline__ void micro_gemms(float *s, float *o, const uin
 #ifndef MICRO_SPEC
 #define MICRO_SPEC 1
 #endif
+#ifndef MICRO_MBAR_WAITS
+#define MICRO_MBAR_WAITS 0
+#endif
 #define MICRO_SOFTMAX(s, e)                                                                      \
     (spec ? (redo = fa_i_sm90_softmax_spec_bf16_1_d64(&prm, s, e, pr, 0, 0, 0, no_range, no_range, \
                                                       log2_scale, m_run, l_run, alpha))          \
@@ -89,6 +92,14 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
         asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + 16 * i), "r"(bits)
                      : "memory");
     }
+#if MICRO_MBAR_WAITS
+    __shared__ __align__(8) uint64_t bar_mem;
+    const uint32_t bar = fa_i_smem_addr(&bar_mem);
+    if (threadIdx.x == 0) {
+        fa_i_mbar_init(bar, 1);
+        fa_i_mbar_arrive(bar);
+    }
+#endif
     __syncthreads();
     memset(&prm, 0, sizeof prm);
     for (i = 0; i < 64; ++i) e[i] = s[i] = (float)((threadIdx.x * 7 + i * 13) % 17) * 0.25f;
@@ -105,6 +116,10 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
         for (it = 0; it < ITERS; ++it) {
             if (pingpong == 1) fa_i_named_sync(1 + wg, 256);
             if (pingpong > 1 && it % (pingpong - 1) == 0) fa_i_named_sync(5, 128 * steppers);
+#if MICRO_MBAR_WAITS /* the kernel's two full-barrier waits, on a barrier long complete */
+            fa_i_mbar_wait(bar, 0);
+            fa_i_mbar_wait(bar, 0);
+#endif
             micro_gemms(s, o, pr, sq, sk, sv, 1);
             if (pingpong == 1) fa_i_named_arrive(1 + (wg + 1) % steppers, 256);
             FA_I_WGMMA_WAIT(1);
@@ -167,6 +182,7 @@ int main(void)
     /* {role of warpgroup 0, 1, 2, ping-pong} */
     static const int configs[][4] = {
         {STEP, IDLE, IDLE, 0},    {STEP, STEP, IDLE, 0},     {STEP, STEP, IDLE, 1},
+        {STEP, STEP, IDLE, 2},    {STEP, STEP, IDLE, 5},     {STEP, STEP, IDLE, 9},
         {STEP, STEP, STEP, 0},    {STEP, STEP, STEP, 1},     {SOFTMAX, IDLE, IDLE, 0},
         {GEMMS, IDLE, IDLE, 0},   {SOFTMAX, GEMMS, IDLE, 0}, {SOFTMAX, SOFTMAX, IDLE, 0},
         {GEMMS, GEMMS, IDLE, 0}};

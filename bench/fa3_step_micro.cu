@@ -15,7 +15,9 @@
      softmax  the softmax, rescale and pack alone;
      gemms    the two GEMMs and their wait alone.
    "ping-pong" adds the kernel's turn barriers between the step warpgroups,
-   "sync/k" a barrier of both step warpgroups every k iterations. */
+   "sync/k" a barrier of both step warpgroups every k iterations. With
+   -DMICRO_MBAR_WAITS=1 each step first waits twice on an mbarrier long
+   complete, as the kernel's step waits for its K and V stages. */
 #define FLASHATTN_IMPLEMENTATION
 #define FLASHATTN_CUDA_IMPLEMENTATION
 #include "../flashattn_cuda.cuh"

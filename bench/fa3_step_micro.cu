@@ -88,7 +88,7 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
     fa_params prm; /* the softmax reads only its softcap: 0 */
     uint32_t pr[32];
     unsigned long long start;
-    int i, it, redo = 1;
+    int i, it, redo = 1, next_turn, until_sync = 1;
     for (i = threadIdx.x; i < (SMEM - 1024) / 16; i += blockDim.x) {
         const uint32_t bits = 0x3c003c00u ^ (i * 2654435761u & 0x007f007fu);
         asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + 16 * i), "r"(bits)
@@ -112,18 +112,23 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
     alpha[0] = alpha[1] = 1.0f;
     if (role == IDLE) return;
     if (pingpong == 1 && wg == steppers - 1) fa_i_named_arrive(1, 256);
+    /* found once: a modulo in the loop costs a MUFU.RCP an iteration */
+    next_turn = 1 + (wg + 1) % steppers;
     start = clock64();
     /* one loop per role, each straight-line like the kernel's */
     if (role == STEP)
         for (it = 0; it < ITERS; ++it) {
             if (pingpong == 1) fa_i_named_sync(1 + wg, 256);
-            if (pingpong > 1 && it % (pingpong - 1) == 0) fa_i_named_sync(5, 128 * steppers);
+            if (pingpong > 1 && --until_sync == 0) { /* a countdown: no division in the loop */
+                fa_i_named_sync(5, 128 * steppers);
+                until_sync = pingpong - 1;
+            }
 #if MICRO_MBAR_WAITS /* the kernel's two full-barrier waits, on a barrier long complete */
             fa_i_mbar_wait(bar, 0);
             fa_i_mbar_wait(bar, 0);
 #endif
             micro_gemms(s, o, pr, sq, sk, sv, 1);
-            if (pingpong == 1) fa_i_named_arrive(1 + (wg + 1) % steppers, 256);
+            if (pingpong == 1) fa_i_named_arrive(next_turn, 256);
             FA_I_WGMMA_WAIT(1);
             fa_i_fence_f32(s, 64);
             MICRO_SOFTMAX(s, e);
@@ -181,7 +186,7 @@ static __global__ void __launch_bounds__(384, 1)
 int main(void)
 {
     static const char *role_name[] = {"idle", "step", "softmax", "gemms"};
-    /* {role of warpgroup 0, 1, 2, ping-pong} */
+    /* {role of warpgroup 0, 1, 2, pingpong as in step_micro: 0 free, 1 turns, k > 1 sync/(k - 1)} */
     static const int configs[][4] = {
         {STEP, IDLE, IDLE, 0},    {STEP, STEP, IDLE, 0},     {STEP, STEP, IDLE, 1},
         {STEP, STEP, IDLE, 2},    {STEP, STEP, IDLE, 5},     {STEP, STEP, IDLE, 9},

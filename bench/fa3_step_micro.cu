@@ -17,7 +17,8 @@
    "ping-pong" adds the kernel's turn barriers between the step warpgroups,
    "sync/k" a barrier of both step warpgroups every k iterations. With
    -DMICRO_MBAR_WAITS=1 each step first waits twice on an mbarrier long
-   complete, as the kernel's step waits for its K and V stages. */
+   complete, one wait after the other; with -DMICRO_MBAR_WAITS=2 both at
+   once (fa_i_mbar_wait2), as the kernel's step waits for its K and V. */
 #define FLASHATTN_IMPLEMENTATION
 #define FLASHATTN_CUDA_IMPLEMENTATION
 #include "../flashattn_cuda.cuh"
@@ -123,9 +124,11 @@ static __device__ __forceinline__ void step_micro(unsigned long long *cycles, in
                 fa_i_named_sync(5, 128 * steppers);
                 until_sync = pingpong - 1;
             }
-#if MICRO_MBAR_WAITS /* the kernel's two full-barrier waits, on a barrier long complete */
+#if MICRO_MBAR_WAITS == 1 /* two full-barrier waits, on a barrier long complete */
             fa_i_mbar_wait(bar, 0);
             fa_i_mbar_wait(bar, 0);
+#elif MICRO_MBAR_WAITS == 2 /* the same as the kernel's step waits for its K and V */
+            fa_i_mbar_wait2(bar, 0, bar, 0);
 #endif
             micro_gemms(s, o, pr, sq, sk, sv, 1);
             if (pingpong == 1) fa_i_named_arrive(next_turn, 256);

@@ -545,6 +545,24 @@ static __device__ __forceinline__ float fa_i_dev_exp2(float x)
     return y;
 }
 
+/* The MUFU's log2 and reciprocal, for the row sums at an FA3 forward tile's
+   end (0 or at least 1, never denormal). log2f and 1 / l compile to a
+   polynomial and a division with slow-path branches, which kept the two
+   rows' chains apart on the path from the last PV's issue: ~600 cycles of
+   each tile boundary (bench/NOTES.md f53). */
+static __device__ __forceinline__ float fa_i_dev_log2(float x)
+{
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+static __device__ __forceinline__ float fa_i_dev_rcp(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Scalar loads and stores of a 16-bit element for the small kernels. */
 static __device__ __forceinline__ float fa_i_load16(const void *base, int64_t i, int bf16)
 {
@@ -2929,10 +2947,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_CFG(FA_I_SM90_CFG, FA_I_FIR
                 float l = l_run[i];
                 l += __shfl_xor_sync(0xffffffffu, l, 1);
                 l += __shfl_xor_sync(0xffffffffu, l, 2);
-                inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+                inv[i] = l > 0.0f ? fa_i_dev_rcp(l) : 0.0f;
                 if ((lane & 3) == 0 && p.lse && row + 8 * i < p.seqlen_q)
                     p.lse[((int64_t)b_now * p.heads_q + h_now) * p.seqlen_q + row + 8 * i] =
-                        l > 0.0f ? (m_run[i] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+                        l > 0.0f ? (m_run[i] + fa_i_dev_log2(l)) * FA_I_LN2_F : -INFINITY;
             }
             have = fa_i_sm90_tile(&p, k + 1, blocks_m, &mb, &h, &b);
 #if FA_SM90_OVERLAP

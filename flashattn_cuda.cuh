@@ -547,9 +547,9 @@ static __device__ __forceinline__ float fa_i_dev_exp2(float x)
 
 /* The MUFU's log2 and reciprocal, for the row sums at an FA3 forward tile's
    end (0 or at least 1, never denormal). log2f and 1 / l compile to a
-   polynomial and a division with slow-path branches, which kept the two
-   rows' chains apart on the path from the last PV's issue: ~600 cycles of
-   each tile boundary (bench/NOTES.md f53). */
+   20-instruction polynomial and a division with a slow-path call, on the
+   path from the last PV's issue to the epilogue: ~500 cycles of each tile
+   boundary at d = 64 (bench/NOTES.md f53). */
 static __device__ __forceinline__ float fa_i_dev_log2(float x)
 {
     float y;

@@ -53,8 +53,8 @@ $(BUILD)/libflashattn_cuda_fa1_test.so: SHIM_FLAGS := -DFA_VARIANT=1
 # of shared memory per block.
 $(BUILD)/libflashattn_cuda_smem163_test.so: SHIM_FLAGS := -DFA_SM90=0 -DFA_I_TEST_SMEM_OPTIN=166912
 $(BUILD)/libflashattn_cuda_smem99_test.so: SHIM_FLAGS := -DFA_SM90=0 -DFA_I_TEST_SMEM_OPTIN=101376
-$(BUILD)/libflashattn_cuda_nooverlap.so: SHIM_FLAGS := -DFA_SM90_OVERLAP=0
-$(BUILD)/libflashattn_cuda_nopingpong.so: SHIM_FLAGS := -DFA_SM90_PINGPONG=0
+$(BUILD)/libflashattn_cuda_nooverlap.so: SHIM_FLAGS := -DFA_FA3_OVERLAP=0
+$(BUILD)/libflashattn_cuda_nopingpong.so: SHIM_FLAGS := -DFA_FA3_PINGPONG=0
 $(BUILD)/libflashattn_cuda_%.so: tests/shim_cuda.cu $(CUDA_HEADERS) | $(BUILD)
 	$(NVCC) $(NVFLAGS) $(SHIM_FLAGS) -shared -o $@ tests/shim_cuda.cu
 

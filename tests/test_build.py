@@ -75,17 +75,23 @@ for example in sorted(glob.glob(os.path.join(ROOT, "examples", "*.c")) +
 
 
 def ptxas_report(arch_flags, defines=()):
+    """ptxas -v of the CUDA header built for arch_flags; defines are NAME=VALUE
+    strings, written as #defines ahead of the include (nvcc's -D splits a
+    value at its commas, and tile rows have them)."""
     if not shutil.which("nvcc"):
         raise Skip("nvcc not found")
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.cu")
         with open(src, "w") as f:
+            for d in defines:
+                name, _, value = d.partition("=")
+                f.write(f"#define {name} {value or 1}\n")
             f.write('#define FLASHATTN_IMPLEMENTATION\n#define FLASHATTN_CUDA_IMPLEMENTATION\n'
                     '#include "flashattn_cuda.cuh"\n')
         cmd = ["nvcc", "-c", "-O3", "-Xptxas", "-v", "-Xcompiler", "-Wall,-Wextra", "-I", ROOT,
-               src, "-o", os.path.join(tmp, "k.o")] + arch_flags + list(defines)
+               src, "-o", os.path.join(tmp, "k.o")] + arch_flags
         out = subprocess.run(cmd, capture_output=True, text=True)
-        assert out.returncode == 0, " ".join(cmd) + "\n" + out.stderr[-4000:]
+        assert out.returncode == 0, " ".join(cmd) + " " + " ".join(defines) + "\n" + out.stderr[-4000:]
         return out.stderr
 
 
@@ -105,19 +111,21 @@ SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
 case("cuda_sm80_no_spills", check_no_spills, SM80)
 case("cuda_sm90a_no_spills", check_no_spills, SM90A)
 case("cuda_sm90a_ablations", check_no_spills, SM90A,
-     "-DFA_CUDA_DTYPE=2", "-DFA_SM90_OVERLAP=0", "-DFA_SM90_PINGPONG=0")
+     "FA_CUDA_DTYPE=2", "FA_FA3_OVERLAP=0", "FA_FA3_PINGPONG=0")
 case("cuda_sm90a_no_speculative_exps", check_no_spills, SM90A,
-     "-DFA_HEAD_DIM=256", "-DFA_CUDA_DTYPE=2", "-DFA_SM90_SPEC=0", "-DFA_FWD_SPEC=0")
+     "FA_HEAD_DIM=256", "FA_CUDA_DTYPE=2", "FA_FA3_SPECULATIVE=0", "FA_FA2_SPECULATIVE=0")
+# Tile rows replaced: d = 64 on a 128 x 192 tile with no second variant, d =
+# 128 on 192 x 64 with one Q buffer.
 case("cuda_sm90a_custom_tiles", check_no_spills, SM90A,
-     "-DFA_CUDA_DTYPE=1", "-DFA_SM90_ROWS_64=128", "-DFA_SM90_KEYS_64=192",
-     "-DFA_SM90_ROWS_128=192", "-DFA_SM90_KEYS_128=64")
+     "FA_CUDA_DTYPE=1", "FA_FA3_FWD_TILE_64_0=128,192,2,2,1,0,0",
+     "FA_FA3_FWD_TILE_64_1=0,0,0,0,0,0,0", "FA_FA3_FWD_TILE_128_0=192,64,2,1,1,2,0",
+     "FA_FA3_FWD_TILE_128_1=0,0,0,0,0,0,0")
 case("cuda_one_config_custom_tile", check_no_spills, SM80,
-     "-DFA_HEAD_DIM=64", "-DFA_CUDA_DTYPE=2", "-DFA_BLOCK_M=64", "-DFA_BLOCK_N=64",
-     "-DFA_NUM_WARPS=4")
+     "FA_HEAD_DIM=64", "FA_CUDA_DTYPE=2", "FA_FA2_FWD_TILE_64=64,64,4,2,0")
 case("cuda_fa1_variant", check_no_spills, SM80,
-     "-DFA_HEAD_DIM=128", "-DFA_VARIANT=1")
-case("cuda_fa2_single_stage", check_no_spills, SM80, "-DFA_HEAD_DIM=128", "-DFA_CUDA_DTYPE=2",
-     "-DFA_KV_STAGES=1")
+     "FA_HEAD_DIM=128", "FA_VARIANT=1")
+case("cuda_fa2_single_stage", check_no_spills, SM80, "FA_HEAD_DIM=128", "FA_CUDA_DTYPE=2",
+     "FA_FA2_FWD_TILE_128=128,64,4,1,0")
 
 
 def is_a_compile_error(arch_flags, defines, message):
@@ -130,14 +138,14 @@ def is_a_compile_error(arch_flags, defines, message):
 
 
 case("cuda_sm90_smem_over_budget_is_a_compile_error", is_a_compile_error, SM90A,
-     ["-DFA_HEAD_DIM=256", "-DFA_SM90_KEYS_256=128"], "FA3 tiles exceed shared memory")
+     ["FA_HEAD_DIM=256", "FA_FA3_FWD_TILE_256_0=128,128,2,1,1,2,1"], "FA3 tiles exceed shared memory")
 case("cuda_sm90_registers_over_budget_is_a_compile_error", is_a_compile_error, SM90A,
-     ["-DFA_HEAD_DIM=256", "-DFA_SM90_ROWS_256=192"],
+     ["FA_HEAD_DIM=256", "FA_FA3_FWD_TILE_256_0=192,80,2,1,1,2,1"],
      "FA3 accumulators exceed the consumer registers")
 case("cuda_bad_tile_is_a_compile_error", is_a_compile_error, SM80,
-     ["-DFA_BLOCK_M=96", "-DFA_BLOCK_N=64", "-DFA_NUM_WARPS=4"], "FA_BLOCK_M must be")
+     ["FA_HEAD_DIM=64", "FA_FA2_FWD_TILE_64=96,64,4,2,0"], "ROWS must be 16 or 32 times WARPS")
 case("cuda_bad_kv_stages_is_a_compile_error", is_a_compile_error, SM80,
-     ["-DFA_HEAD_DIM=64", "-DFA_KV_STAGES=3"], "FA_KV_STAGES must be 1 or 2")
+     ["FA_HEAD_DIM=64", "FA_FA2_FWD_TILE_64=128,128,4,3,0"], "STAGES must be 1 or 2")
 
 
 LOOKUP = r"""

@@ -95,7 +95,7 @@ case("gpu_fwd_diag_softcap", gpu_forward, seqlen_q=700, seqlen_k=700, head_dim=6
      dtype="bf16", causal=True, softcap=4.0, amplitude=3.0)
 # d 64's short causal tile with logits whose row maxima rise by far more than
 # 2^8 from one key tile to the next, so that its speculative exps are redone
-# (FA_SM90_SPEC), with the rows' first keys in later tiles (a window).
+# (FA_FA3_SPECULATIVE), with the rows' first keys in later tiles (a window).
 case("gpu_fwd_diag_large_logits", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=700,
      seqlen_k=700, head_dim=64, dtype="bf16", causal=True, amplitude=8.0)
 case("gpu_fwd_diag_large_logits_window", gpu_forward, seqlen_q=600, seqlen_k=650,

@@ -1,6 +1,7 @@
 # flashattn: `make demo` runs the main demo, `make test` every test (the GPU
-# tests only where nvidia-smi sees a GPU), `make bench` / `make bench-cpu`
-# benchmark, `make sanitize` runs compute-sanitizer over the reduced GPU suite.
+# tests only where nvidia-smi sees a GPU), `make bench` (GPU sweep and
+# decode) / `make bench-decode` / `make bench-cpu` benchmark, `make sanitize`
+# runs compute-sanitizer over the reduced GPU suite.
 CC      ?= cc
 PYTHON  ?= python3
 NVCC    ?= nvcc
@@ -25,7 +26,7 @@ GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflasha
 BENCH_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_nooverlap.so $(BUILD)/libflashattn_cuda_nopingpong.so)
 GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
-.PHONY: all bench-libs numpy test demo bench bench-cpu sanitize clean
+.PHONY: all bench-libs numpy test demo bench bench-decode bench-cpu sanitize clean
 
 CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
             $(BUILD)/libflashattn_tiles_test.so
@@ -80,6 +81,10 @@ bench-cpu: numpy $(BUILD)/libflashattn_test.so
 
 bench: numpy $(GPU_LIBS) $(BENCH_LIBS)
 	$(PYTHON) bench/bench_gpu.py
+	$(PYTHON) bench/bench_decode.py
+
+bench-decode: numpy $(GPU_LIBS)
+	$(PYTHON) bench/bench_decode.py
 
 sanitize: numpy $(CPU_LIBS) $(GPU_LIBS)
 	for tool in memcheck racecheck synccheck; do \

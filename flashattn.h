@@ -1,5 +1,5 @@
-/* flashattn.h - v0.1.0 - exact attention with the FlashAttention algorithms.
-   MIT licence, see the end of this file.
+/* flashattn.h - v0.2.0 - exact attention with the FlashAttention algorithms.
+   MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
    CPU implementation. The GPU kernels live in flashattn_cuda.cuh, the plain
@@ -29,6 +29,9 @@
                                       or c < r + off - window_left  (if >= 0)
      A row with every key masked has O = 0, LSE = -inf, and zero gradients.
      GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
+     num_splits: keys in chunks merged by LSE (0: the library's choice).
+     fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
+     key ranges by their LSE (fa_combine_params).
 
    LAYOUT
      Every tensor is [batch, seq, heads, head_dim] addressed by element
@@ -50,8 +53,9 @@
      FLASHATTN_STATIC         make every function static to the including file
 
    CPU MEMORY: workspace is O(tiles) per thread for the FA2 order, plus
-   O(Nq * d) per thread for the FA1 order (its carried O, m, l state) and
-   O(B * Hq * Nq) floats for the backward's D = rowsum(dO * O). Never
+   O(Nq * d) per thread for the FA1 order (its carried O, m, l state),
+   O(B * Hq * Nq) floats for the backward's D = rowsum(dO * O) and
+   O(splits * B * Hq * Nq * d) for a split forward's parts. Never
    O(Nq * Nk). The CPU path allocates that through FA_MALLOC per call.
 */
 #ifndef FLASHATTN_H
@@ -61,11 +65,13 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 1
+#define FA_VERSION_MINOR 2
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
+/* Most parts fa_*_combine merges, and most key splits a forward takes. */
+#define FA_MAX_PARTS 128
 
 #ifdef FLASHATTN_STATIC
 #define FA_API static
@@ -141,7 +147,33 @@ typedef struct fa_params {
     void *dk;
     void *dv;
     fa_layout dout_layout, dq_layout, dk_layout, dv_layout;
+
+    /* forward: the keys of each query block in num_splits chunks, merged by
+       LSE (split-KV). 0 = the library's choice; 1 = no split; n <= FA_MAX_PARTS */
+    int num_splits;
 } fa_params;
+
+/* Partial results of one attention problem over disjoint key ranges (from
+   split-KV, cascade attention over a shared prefix, or ranks of a context
+   parallel ring), merged by fa_cpu_combine / fa_cuda_combine: per query row
+     LSE = log sum_i exp(LSE_i),  O = sum_i exp(LSE_i - LSE) O_i
+   where O_i is part i's output (normalized over its own keys) and LSE_i its
+   log-sum-exp; a part with LSE_i = -inf saw no key and contributes nothing
+   (its O_i is not read); rows whose parts are all empty get O = 0, LSE = -inf.
+   o may be o_parts[0] itself when both have the same dtype and layout (the
+   accumulator of a running merge), and lse may be lse_parts[0]. */
+typedef struct fa_combine_params {
+    int num_parts;                 /* 1 .. FA_MAX_PARTS */
+    int batch, heads, seqlen, head_dim; /* rows [batch, seqlen, heads] of head_dim */
+    fa_dtype part_dtype;           /* of the O parts: F32, or the same as dtype */
+    const void *const *o_parts;    /* num_parts pointers, each [B, N, H, d] in part_layout */
+    const float *const *lse_parts; /* num_parts pointers, each [B, H, N] contiguous */
+    fa_layout part_layout;         /* all zero: contiguous BSHD */
+    fa_dtype dtype;                /* of o */
+    void *o;
+    fa_layout o_layout;
+    float *lse;                    /* optional: [B, H, N] */
+} fa_combine_params;
 
 typedef enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 } fa_pass;
 
@@ -257,6 +289,11 @@ FA_API uint16_t fa_f32_to_bf16(float f);
    backward reads q, k, v, o, lse, dout and writes dq, dk, dv. */
 FA_API fa_status fa_cpu_forward(const fa_params *p, const fa_cpu_options *opt);
 FA_API fa_status fa_cpu_backward(const fa_params *p, const fa_cpu_options *opt);
+/* Merges partial results (fa_combine_params); host pointers. */
+FA_API fa_status fa_cpu_combine(const fa_combine_params *p, const fa_cpu_options *opt);
+/* Validates p and writes the resolved copy (layouts filled in) to *resolved
+   (may be NULL). */
+FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_params *resolved);
 
 #ifdef __cplusplus
 }
@@ -508,6 +545,9 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
     if (r.scale == 0.0f) r.scale = 1.0f / sqrtf((float)r.head_dim);
     if (!(r.softcap >= 0.0f) || isinf(r.softcap))
         return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "softcap must be finite and >= 0");
+    if (r.num_splits < 0 || r.num_splits > FA_MAX_PARTS)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "num_splits %d is not in 0 .. %d", r.num_splits,
+                         FA_MAX_PARTS);
     if (!r.q || !r.k || !r.v || !r.o)
         return fa_i_fail(FA_ERR_NULL_POINTER, "q, k, v and o are required");
     if (pass == FA_PASS_BACKWARD && (!r.lse || !r.dout || !r.dq || !r.dk || !r.dv))
@@ -533,6 +573,40 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
 FA_API void fa_key_range(const fa_params *p, int r, int *lo, int *hi)
 {
     fa_i_key_range(p, r, lo, hi);
+}
+
+FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_params *resolved)
+{
+    fa_combine_params r;
+    fa_status s;
+    int i;
+    fa_i_detail[0] = '\0';
+    if (!p) return fa_i_fail(FA_ERR_NULL_POINTER, "params is NULL");
+    r = *p;
+    if (r.num_parts < 1 || r.num_parts > FA_MAX_PARTS)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "num_parts %d is not in 1 .. %d", r.num_parts,
+                         FA_MAX_PARTS);
+    if (r.batch <= 0 || r.heads <= 0 || r.seqlen <= 0 || r.head_dim <= 0)
+        return fa_i_fail(FA_ERR_INVALID_SIZE,
+                         "batch %d, heads %d, seqlen %d, head_dim %d: each must be positive",
+                         r.batch, r.heads, r.seqlen, r.head_dim);
+    if ((int)r.dtype < 0 || r.dtype >= FA_DTYPE_FP8_E4M3)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "dtype %d is not f32, f16 or bf16", (int)r.dtype);
+    if (r.part_dtype != FA_DTYPE_F32 && r.part_dtype != r.dtype)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "part_dtype %d is neither f32 nor dtype",
+                         (int)r.part_dtype);
+    if (!r.o_parts || !r.lse_parts || !r.o)
+        return fa_i_fail(FA_ERR_NULL_POINTER, "o_parts, lse_parts and o are required");
+    for (i = 0; i < r.num_parts; ++i)
+        if (!r.o_parts[i] || !r.lse_parts[i])
+            return fa_i_fail(FA_ERR_NULL_POINTER, "part %d has a NULL pointer", i);
+    if ((s = fa_i_check_layout(&r.part_layout, "part_layout", r.batch, r.seqlen, r.heads,
+                               r.head_dim)) != FA_OK ||
+        (s = fa_i_check_layout(&r.o_layout, "o_layout", r.batch, r.seqlen, r.heads, r.head_dim)) !=
+            FA_OK)
+        return s;
+    if (resolved) *resolved = r;
+    return FA_OK;
 }
 
 /* ---- CPU math kernels ---------------------------------------------------- */
@@ -691,10 +765,12 @@ typedef void (*fa_i_task_fn)(const struct fa_i_job *job, int task, float *scratc
 
 typedef struct fa_i_job {
     const fa_params *p;
+    const fa_combine_params *combine; /* the combine job's */
     fa_i_task_fn run;
     int num_tasks;
     size_t scratch_floats;
-    float *shared;          /* job-wide buffer (backward's D) */
+    float *shared;          /* job-wide buffer (backward's D; split-KV's partial O, then LSE) */
+    int splits;             /* forward: key chunks per query block */
     int next_task;
     fa_status status;
 #ifndef FA_NO_THREADS
@@ -772,6 +848,15 @@ static fa_status fa_i_run_job(fa_i_job *job, int num_threads)
 
 static int fa_i_ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+/* Task counts are ints; refuse problems whose tile count would overflow one. */
+static fa_status fa_i_task_count(int64_t count, int *out)
+{
+    if (count > 0x7fffffff) return fa_i_fail(FA_ERR_INVALID_SIZE, "%lld tiles", (long long)count);
+    *out = (int)count;
+    return FA_OK;
+}
+
+
 /* ---- forward, FA2 order ---------------------------------------------------
    One task per (batch, query head, query block). The block's O accumulator,
    row max m and row sum l stay in scratch while every visible key block
@@ -798,21 +883,37 @@ static fa_i_query_block fa_i_query_task(const fa_params *p, int task)
     return x;
 }
 
+/* The partial results of a split forward in job->shared: O of split i at
+   i * B * Nq * Hq * d (fp32, contiguous BSHD), then the LSEs, split i at
+   splits * B * Nq * Hq * d + i * B * Hq * Nq. */
+static size_t fa_i_split_o_floats(const fa_params *p)
+{
+    return (size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim;
+}
+
 static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const fa_i_query_block blk = fa_i_query_task(p, task);
+    const int split = task % job->splits;
+    const fa_i_query_block blk = fa_i_query_task(p, task / job->splits);
     const int d = p->head_dim, b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     float *q = scratch, *kt = q + FA_I_BM * d, *v = kt + (size_t)d * FA_I_BN;
     float *s = v + (size_t)FA_I_BN * d, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * d;
     float *l = m + FA_I_BM, *krow = l + FA_I_BM;
-    int lo, hi, c0, r, c;
+    int lo, hi, c0, c_end, r, c;
 
     fa_i_load_tile(q, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p));
     memset(o, 0, sizeof(float) * rows * d);
     for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
-    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi; c0 += FA_I_BN) {
+    { /* this split's share of the key blocks the rows see */
+        const int first = lo / FA_I_BN, blocks = hi > lo ? fa_i_ceil_div(hi, FA_I_BN) - first : 0;
+        const int per = fa_i_ceil_div(blocks, job->splits);
+        c0 = (first + split * per) * FA_I_BN;
+        c_end = (first + (split + 1 < job->splits ? (split + 1) * per : blocks)) * FA_I_BN;
+        if (c_end > hi) c_end = hi;
+    }
+    for (; c0 < c_end; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;
@@ -838,11 +939,20 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     }
     for (r = 0; r < rows; ++r) {
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        const float lse = l[r] > 0.0f ? (m[r] + log2f(l[r])) * FA_I_LN2 : -INFINITY;
+        const size_t lse_at = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0 + r;
+        if (job->splits > 1) { /* O of these keys, normalized, and its LSE */
+            float *part = job->shared + split * fa_i_split_o_floats(p);
+            float *part_lse = job->shared + job->splits * fa_i_split_o_floats(p) +
+                              split * (size_t)p->batch * p->heads_q * p->seqlen_q;
+            const size_t row = (((size_t)b * p->seqlen_q + r0 + r) * p->heads_q + h) * d;
+            for (c = 0; c < d; ++c) part[row + c] = o[(size_t)r * d + c] * inv;
+            part_lse[lse_at] = lse;
+            continue;
+        }
         fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * d, d,
                        p->dtype, inv);
-        if (p->lse)
-            p->lse[((size_t)b * p->heads_q + h) * p->seqlen_q + r0 + r] =
-                l[r] > 0.0f ? (m[r] + log2f(l[r])) * FA_I_LN2 : -INFINITY;
+        if (p->lse) p->lse[lse_at] = lse;
     }
 }
 
@@ -1090,6 +1200,68 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
     }
 }
 
+/* ---- combine ------------------------------------------------------------------
+   Partial results merged by LSE, row by row: every part's row is read before
+   o's row is written, so o may be o_parts[0] (same dtype and layout). */
+
+#define FA_I_COMBINE_ROWS 64 /* rows per combine task */
+
+/* Row (b, n, h) of the merge into out[d] (row[d] is scratch); returns its LSE. */
+static float fa_i_combine_row(const fa_combine_params *p, int b, int n, int h, float *out,
+                              float *row)
+{
+    const size_t lse_at = ((size_t)b * p->heads + h) * p->seqlen + n;
+    const int64_t at = fa_i_offset(&p->part_layout, b, h, n);
+    float mx = -INFINITY, sum = 0.0f;
+    int i, c;
+    for (i = 0; i < p->num_parts; ++i)
+        if (p->lse_parts[i][lse_at] > mx) mx = p->lse_parts[i][lse_at];
+    memset(out, 0, sizeof(float) * p->head_dim);
+    if (mx == -INFINITY) return -INFINITY;
+    for (i = 0; i < p->num_parts; ++i) {
+        const float lse = p->lse_parts[i][lse_at];
+        float w;
+        if (lse == -INFINITY) continue; /* saw no key: its O is not read */
+        w = expf(lse - mx);
+        sum += w;
+        fa_i_load_row(row, p->o_parts[i], at, p->head_dim, p->part_dtype, w);
+        for (c = 0; c < p->head_dim; ++c) out[c] += row[c];
+    }
+    for (c = 0; c < p->head_dim; ++c) out[c] /= sum;
+    return mx + logf(sum);
+}
+
+static void fa_i_combine_task(const fa_i_job *job, int task, float *scratch)
+{
+    const fa_combine_params *p = job->combine;
+    const int64_t rows = (int64_t)p->batch * p->seqlen * p->heads;
+    int64_t x;
+    for (x = (int64_t)task * FA_I_COMBINE_ROWS; x < rows && x < (int64_t)(task + 1) * FA_I_COMBINE_ROWS;
+         ++x) {
+        const int h = (int)(x % p->heads), n = (int)(x / p->heads % p->seqlen);
+        const int b = (int)(x / ((int64_t)p->heads * p->seqlen));
+        const float lse = fa_i_combine_row(p, b, n, h, scratch, scratch + p->head_dim);
+        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, n), scratch, p->head_dim, p->dtype,
+                       1.0f);
+        if (p->lse) p->lse[((size_t)b * p->heads + h) * p->seqlen + n] = lse;
+    }
+}
+
+/* Runs a resolved merge on num_threads threads. */
+static fa_status fa_i_run_combine(const fa_combine_params *p, int num_threads)
+{
+    fa_i_job job;
+    fa_status s;
+    memset(&job, 0, sizeof job);
+    job.combine = p;
+    job.run = fa_i_combine_task;
+    job.scratch_floats = 2 * (size_t)p->head_dim;
+    s = fa_i_task_count(((int64_t)p->batch * p->seqlen * p->heads + FA_I_COMBINE_ROWS - 1) /
+                            FA_I_COMBINE_ROWS,
+                        &job.num_tasks);
+    return s != FA_OK ? s : fa_i_run_job(&job, num_threads);
+}
+
 /* ---- entry points ---------------------------------------------------------- */
 
 static fa_status fa_i_cpu_options(const fa_cpu_options *opt, fa_cpu_options *out)
@@ -1106,12 +1278,51 @@ static fa_status fa_i_cpu_options(const fa_cpu_options *opt, fa_cpu_options *out
     return FA_OK;
 }
 
-/* Task counts are ints; refuse problems whose tile count would overflow one. */
-static fa_status fa_i_task_count(int64_t count, int *out)
+/* Key splits of the FA2-order forward: p->num_splits, or where the query
+   tasks are fewer than FA_I_SPLIT_WORK (decode), enough to reach that many
+   tasks with at least 4 key blocks each. A function of the problem alone, so
+   that results do not depend on the thread count. */
+#define FA_I_SPLIT_WORK 32
+static int fa_i_cpu_splits(const fa_params *p, int64_t query_tasks)
 {
-    if (count > 0x7fffffff) return fa_i_fail(FA_ERR_INVALID_SIZE, "%lld tiles", (long long)count);
-    *out = (int)count;
-    return FA_OK;
+    int64_t splits;
+    if (p->num_splits) return p->num_splits;
+    if (query_tasks >= FA_I_SPLIT_WORK) return 1;
+    splits = (FA_I_SPLIT_WORK + query_tasks - 1) / query_tasks;
+    if (splits > fa_i_ceil_div(p->seqlen_k, FA_I_BN) / 4) splits = fa_i_ceil_div(p->seqlen_k, FA_I_BN) / 4;
+    return splits < 2 ? 1 : (int)splits;
+}
+
+/* The FA2-order forward with its keys in job->splits chunks: every chunk's
+   partial result into job->shared, then the merge into o and lse. */
+static fa_status fa_i_forward_split(fa_i_job *job, int num_threads)
+{
+    const fa_params *p = job->p;
+    const size_t o_floats = fa_i_split_o_floats(p);
+    const size_t lse_floats = (size_t)p->batch * p->heads_q * p->seqlen_q;
+    const void *o_parts[FA_MAX_PARTS];
+    const float *lse_parts[FA_MAX_PARTS];
+    fa_combine_params c;
+    fa_status s;
+    int i;
+    job->shared = (float *)FA_MALLOC(sizeof(float) * job->splits * (o_floats + lse_floats));
+    if (!job->shared)
+        return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "split-KV partials of %d splits", job->splits);
+    s = fa_i_run_job(job, num_threads);
+    memset(&c, 0, sizeof c);
+    c.num_parts = job->splits;
+    c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim;
+    c.part_dtype = FA_DTYPE_F32;
+    for (i = 0; i < job->splits; ++i) {
+        o_parts[i] = job->shared + i * o_floats;
+        lse_parts[i] = job->shared + job->splits * o_floats + i * lse_floats;
+    }
+    c.o_parts = o_parts, c.lse_parts = lse_parts;
+    c.dtype = p->dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
+    if (s == FA_OK) s = fa_combine_resolve(&c, &c);
+    if (s == FA_OK) s = fa_i_run_combine(&c, num_threads);
+    FA_FREE(job->shared);
+    return s;
 }
 
 FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *opt)
@@ -1120,22 +1331,36 @@ FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *o
     fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
     fa_i_job job;
     fa_status s;
-    int64_t bh;
+    int64_t bh, query_tasks;
     if ((s = fa_params_resolve(params, FA_PASS_FORWARD, &p)) != FA_OK) return s;
     if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
     memset(&job, 0, sizeof job);
     job.p = &p;
+    job.splits = 1;
     bh = (int64_t)p.batch * p.heads_q;
     if (o.order == FA_CPU_ORDER_FA1) {
         job.run = fa_i_forward_fa1_task;
         job.scratch_floats = fa_i_forward_fa1_scratch(&p);
         s = fa_i_task_count(bh, &job.num_tasks);
-    } else {
-        job.run = fa_i_forward_fa2_task;
-        job.scratch_floats = fa_i_forward_fa2_scratch(&p);
-        s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &job.num_tasks);
+        return s != FA_OK ? s : fa_i_run_job(&job, o.num_threads);
     }
-    return s != FA_OK ? s : fa_i_run_job(&job, o.num_threads);
+    job.run = fa_i_forward_fa2_task;
+    job.scratch_floats = fa_i_forward_fa2_scratch(&p);
+    query_tasks = bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM);
+    job.splits = fa_i_cpu_splits(&p, query_tasks);
+    if ((s = fa_i_task_count(query_tasks * job.splits, &job.num_tasks)) != FA_OK) return s;
+    return job.splits > 1 ? fa_i_forward_split(&job, o.num_threads)
+                          : fa_i_run_job(&job, o.num_threads);
+}
+
+FA_API fa_status fa_cpu_combine(const fa_combine_params *params, const fa_cpu_options *opt)
+{
+    fa_combine_params p;
+    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    fa_status s;
+    if ((s = fa_combine_resolve(params, &p)) != FA_OK) return s;
+    if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
+    return fa_i_run_combine(&p, o.num_threads);
 }
 
 FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *opt)
@@ -1174,3 +1399,34 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
 #endif
 #endif /* FLASHATTN_IMPLEMENTATION_DONE */
 #endif /* FLASHATTN_IMPLEMENTATION */
+
+/*
+REVISION HISTORY
+   0.2.0  split-KV and fa_*_combine; the GPU decode path (seqlen_q <= 16);
+          flashattn_cuda.cuh laid out in dataflow order, tile tables per family
+   0.1.0  first release: CPU FA1/FA2 orders, GPU FA1/FA2/FA3 forward and backward
+
+------------------------------------------------------------------------------
+MIT License
+
+Copyright (c) 2026 the flashattn authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy
+of this software and associated documentation files (the "Software"), to deal
+in the Software without restriction, including without limitation the rights
+to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+------------------------------------------------------------------------------
+*/

@@ -58,14 +58,18 @@ extern "C" {
 FA_API fa_status fa_cuda_supported(const fa_params *p, fa_pass pass);
 
 /* The forward algorithm fa_cuda_forward runs for p on the current device:
-   1 FA1, 2 FA2 (mma.sync), 3 FA3 (Hopper sm_90a); 0 when p is unsupported. */
+   1 FA1, 2 FA2 (mma.sync), 3 FA3 (Hopper sm_90a), 4 decode (seqlen_q <= 16:
+   GQA-packed, split-KV); 0 when p is unsupported. */
 FA_API int fa_cuda_forward_algorithm(const fa_params *p);
 
 /* The backward algorithm fa_cuda_backward runs for p: 2 FA2 (mma.sync), 3
    FA3 (Hopper sm_90a, d = 64, 128, 256, not deterministic); 0 when p is unsupported. */
 FA_API int fa_cuda_backward_algorithm(const fa_params *p, int deterministic);
 
-/* Bytes of workspace the forward needs (0 for FA2 and FA3; O, m, l for FA1). */
+/* Bytes of workspace the forward would use on the current device: the
+   split-KV parts of the decode path (seqlen_q <= 16), FA1's O, m and l; 0 for
+   FA2 and FA3. With less (NULL, 0 included), the decode path runs unsplit
+   unless p->num_splits forces a split, which then is FA_ERR_WORKSPACE. */
 FA_API size_t fa_cuda_forward_workspace_size(const fa_params *p);
 FA_API fa_status fa_cuda_forward(const fa_params *p, void *workspace, size_t workspace_size,
                                  cudaStream_t stream);
@@ -75,6 +79,10 @@ FA_API fa_status fa_cuda_forward(const fa_params *p, void *workspace, size_t wor
 FA_API size_t fa_cuda_backward_workspace_size(const fa_params *p, int deterministic);
 FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *workspace,
                                   size_t workspace_size, cudaStream_t stream);
+
+/* Merges partial results (fa_combine_params in flashattn.h) on the stream:
+   device pointers in o_parts, lse_parts (host arrays of them), o and lse. */
+FA_API fa_status fa_cuda_combine(const fa_combine_params *p, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
@@ -91,6 +99,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #include "flashattn.h" /* the CPU implementation and validation, once */
 #endif
 #include <stdint.h>
+#include <string.h>
 #endif
 
 /* >> options ================================================================== */
@@ -174,6 +183,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_PASS_FA2_BWD_KV 5
 #define FA_I_PASS_FA2_BWD_Q 6
 #define FA_I_PASS_FA3_BWD 7
+#define FA_I_PASS_DECODE 8
 
 #define FA_I_LOG2E_F 1.4426950408889634f
 #define FA_I_LN2_F 0.6931471805599453f
@@ -397,6 +407,37 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
 #define FA_I_FA3_BWD_KEYS(keys, stages) keys
 #define FA_I_FA3_BWD_STAGES(keys, stages) stages
 
+/* Decode (>> decode: few query rows, GQA-packed, split-KV): 4 warps per CTA.
+     KEYS    keys per K/V tile: a multiple of 64 (slices of 16, a warp's step)
+     STAGES  K/V ring depth, at least 2
+     DSPLIT  warps a row tile's O is split over by columns (2: each holds
+             half of d; the registers of d = 256)
+                              KEYS STAGES DSPLIT */
+#ifndef FA_DECODE_TILE_32
+#define FA_DECODE_TILE_32      64,  4,     1
+#endif
+#ifndef FA_DECODE_TILE_64
+#define FA_DECODE_TILE_64      64,  4,     1
+#endif
+#ifndef FA_DECODE_TILE_96
+#define FA_DECODE_TILE_96      64,  3,     1
+#endif
+#ifndef FA_DECODE_TILE_128
+#define FA_DECODE_TILE_128     64,  3,     1
+#endif
+#ifndef FA_DECODE_TILE_160
+#define FA_DECODE_TILE_160     64,  2,     1
+#endif
+#ifndef FA_DECODE_TILE_192
+#define FA_DECODE_TILE_192     64,  2,     1
+#endif
+#ifndef FA_DECODE_TILE_256
+#define FA_DECODE_TILE_256     64,  2,     2
+#endif
+#define FA_I_DECODE_KEYS(keys, stages, dsplit) keys
+#define FA_I_DECODE_STAGES(keys, stages, dsplit) stages
+#define FA_I_DECODE_DSPLIT(keys, stages, dsplit) dsplit
+
 /* Shared-memory budgets: the FA2 kernels' default tiles fit compute
    capability 8.0's 163 KB; Hopper allows 227 KB a block. */
 #define FA_I_SMEM_MAX (163 * 1024)
@@ -434,7 +475,24 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa2_bwd_q;  /* the deterministic mode's dQ */
     fa_i_kernel fa3_fwd[2]; /* tile variants t0, t1 */
     fa_i_kernel fa3_bwd;
+    fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
 } fa_i_kernels;
+
+/* The decode kernel's launch: row tiles of 16 per CTA, row blocks per kv
+   head, key splits, and where splits > 1 the parts in the workspace: O of
+   split i at o_part + i part_floats ([B, Nq, Hq, d] fp32), its LSE at
+   lse_part + i lse_floats ([B, Hq, Nq]). */
+typedef struct fa_i_decode_args {
+    int row_tiles, row_blocks, splits;
+    float *o_part, *lse_part;
+    int64_t part_floats, lse_floats;
+} fa_i_decode_args;
+
+/* The parts fa_i_combine merges (device pointers). */
+typedef struct fa_i_combine_args {
+    const void *o[FA_MAX_PARTS];
+    const float *lse[FA_MAX_PARTS];
+} fa_i_combine_args;
 
 /* Arguments every backward kernel shares, beside the params. */
 typedef struct fa_i_bwd_args {
@@ -480,6 +538,8 @@ static __device__ __forceinline__ void fa_i_cp_async_wait_0(void)
 {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+/* Waits until at most n of this thread's commit groups are pending. */
+#define FA_I_CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory")
 /* p[0..3] += v by reductions in L2: one vector instruction on sm_90 and
    newer, four scalar ones before. p is 16-byte aligned. */
 static __device__ __forceinline__ void fa_i_red_add4(float *p, float4 v)
@@ -2167,6 +2227,302 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #undef FA_I_FA3
 #endif /* >> fa3 forward */
 
+/* >> decode ===================================================================
+   The forward for few query rows per sequence (seqlen_q <= FA_I_DECODE_MAX_Q:
+   decoding, speculative decoding, chunk tails). Its work is reading K and V
+   once, at the memory's speed:
+   - GQA packing: the seqlen_q x group query rows that share a kv head are
+     one tile's rows (packed row r: token r / group, query head hk group +
+     r % group), so each K/V byte is read once per kv head, not per query head;
+   - split-KV: the keys a tile's rows see are cut into `splits` chunks, one
+     CTA each (fa_i_decode_splits picks the count); each writes its rows' O,
+     normalized over its keys, in fp32 and their LSE to the workspace, and
+     fa_i_combine merges them (>> combine).
+   One CTA of 4 warps per (row block, split, kv head, batch), FA_DECODE_TILE_<d>:
+   16 RT packed rows (RT m16 row tiles, the fewest that hold them, at most
+   4 / DSPLIT), K/V tiles of KEYS keys through a STAGES-deep cp.async ring.
+   Warp w owns row tile w % RT, columns part (w / RT) % DSPLIT of O, and of
+   each tile's KEYS / 16 slices of 16 keys every KS-th from w / (RT DSPLIT)
+   (KS = 4 / (RT DSPLIT)). Per slice, mma.sync:
+     S = Q K^T (16 x 16, all of d), softcap, mask, online softmax,
+     O[:, its columns] += P V
+   At the end the KS warps of a (row tile, column part) merge their (m, l, O)
+   through shared memory. */
+#if defined(FA_I_TOP) && !defined(FA_I_PASS)
+#define FA_I_DECODE_MAX_Q 16
+#define FA_I_DECODE_WARPS 4
+#endif
+
+#if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
+#define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
+    FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
+{
+    enum {
+        D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES), DS = FA_I_DEC(DSPLIT),
+        DW = D / DS, /* O columns per warp */
+        NT = 32 * FA_I_DECODE_WARPS, LD = FA_I_PITCH(D), SLICES = BN / 16, BF16 = FA_I_IS_BF16,
+        MAX_ROWS = 16 * FA_I_DECODE_WARPS / DS, SLOT = 16 * DW + 32 /* a warp's (O, m, l) */
+    };
+    extern __shared__ uint4 fa_i_smem[];
+    uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + MAX_ROWS * LD, *sv = sk + STAGES * BN * LD;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rt_count = a.row_tiles, rows = 16 * rt_count;
+    const int ks_count = FA_I_DECODE_WARPS / (rt_count * DS);
+    const int rt = warp % rt_count, dpart = warp / rt_count % DS, ks = warp / (rt_count * DS);
+    const int col0 = dpart * DW; /* this warp's first O column */
+    const int group = p.heads_q / p.heads_kv, packed = group * p.seqlen_q;
+    /* blockIdx.x: row block fastest (blocks of one kv head share its K/V in L2), then split */
+    unsigned cta = blockIdx.x;
+    const int rb = (int)(cta % a.row_blocks);
+    const int split = (int)((cta /= a.row_blocks) % a.splits);
+    const int hk = (int)((cta /= a.splits) % p.heads_kv), b = (int)(cta / p.heads_kv);
+    const int r0 = rb * rows, r_end = min(r0 + rows, packed);
+    const int t_first = r0 / group, t_last = (r_end - 1) / group;
+    const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0);
+    const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
+    /* this thread's rows: packed rows my_row, my_row + 8 of its warp's row tile */
+    const int my_row = r0 + 16 * rt + (lane >> 2);
+    float o[DW / 8][4], m_run[2], l_run[2];
+    int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
+
+    fa_i_rows_key_span(&p, t_first, t_last + 1, &first_lo, &last_hi);
+    fa_i_rows_common_keys(&p, t_first, t_last + 1, &all_lo, &all_hi);
+    { /* this split's share of the key tiles the rows see */
+        const int first = first_lo / BN, tiles = last_hi > first_lo ? (last_hi + BN - 1) / BN - first : 0;
+        const int per = (tiles + a.splits - 1) / a.splits;
+        n_begin = first + min(split * per, tiles);
+        n_end = first + min((split + 1) * per, tiles);
+    }
+#pragma unroll
+    for (e = 0; e < 2; ++e) {
+        const int r = my_row + 8 * e;
+        m_run[e] = -INFINITY;
+        l_run[e] = 0.0f;
+        lo[e] = hi[e] = 0;
+        if (r < r_end) fa_i_key_range(&p, r / group, &lo[e], &hi[e]);
+    }
+    fa_i_zero_acc(o, DW / 8);
+
+    /* Q: the packed rows, 16-byte chunks (rows past the end as zeros) */
+    for (i = tid; i < rows * (D / 8); i += NT) {
+        const int r = i / (D / 8), c = 8 * (i % (D / 8)), pr = r0 + r, valid = pr < r_end;
+        const uint16_t *src = (const uint16_t *)p.q;
+        if (valid)
+            src += fa_i_dev_offset(&p.q_layout, b, hk * group + pr % group, pr / group) + c;
+        fa_i_cp_async16(sq + FA_I_SMEM_AT(r, c, LD), src, valid ? 16 : 0);
+    }
+    for (i = 0; i < STAGES - 1; ++i) { /* the ring's first tiles, a commit group each */
+        if (n_begin + i < n_end)
+            fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, (n_begin + i) * BN, BN, D,
+                          LD, tid, NT);
+        fa_i_cp_async_commit();
+    }
+    for (n = n_begin; n < n_end; ++n) {
+        const int stage = (n - n_begin) % STAGES, c_tile = n * BN;
+        const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
+        /* tile n has landed and every warp is done with tile n - 1, whose
+           stage tile n + STAGES - 1 then takes */
+        FA_I_CP_ASYNC_WAIT(STAGES - 2);
+        __syncthreads();
+        {
+            const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
+            if (next < n_end)
+                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, next * BN, BN, D, LD,
+                              tid, NT);
+            fa_i_cp_async_commit();
+        }
+        for (j = ks; j < SLICES; j += ks_count) {
+            const int c0 = c_tile + 16 * j;
+            float s[2][4], alpha[2];
+            uint32_t pa[4];
+            fa_i_zero_acc(s, 2);
+#pragma unroll
+            for (i = 0; i < D / 16; ++i) { /* S = Q K^T over the slice */
+                uint32_t qa[4], kb[4];
+                FA_I_LOAD_A(qa, sq, LD, 16 * rt, 16 * i);
+                FA_I_LOAD_B_NK(kb, skt, LD, 16 * j, 16 * i);
+                fa_i_mma(s[0], qa, kb[0], kb[1], BF16);
+                fa_i_mma(s[1], qa, kb[2], kb[3], BF16);
+            }
+            if (p.softcap > 0.0f)
+#pragma unroll
+                for (i = 0; i < 2; ++i)
+#pragma unroll
+                    for (e = 0; e < 4; ++e) s[i][e] = fa_i_score(&p, s[i][e]);
+            if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + 16))
+#pragma unroll
+                for (i = 0; i < 2; ++i)
+#pragma unroll
+                    for (e = 0; e < 4; ++e) {
+                        const int col = c0 + 8 * i + 2 * (lane & 3) + (e & 1);
+                        if (col < lo[e >> 1] || col >= hi[e >> 1]) s[i][e] = -INFINITY;
+                    }
+#pragma unroll
+            for (e = 0; e < 2; ++e) { /* online softmax of row half e */
+                float mx = fmaxf(fmaxf(s[0][2 * e], s[0][2 * e + 1]), fmaxf(s[1][2 * e], s[1][2 * e + 1]));
+                float ref, sum = 0.0f;
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = fmaxf(m_run[e], mx * log2_scale);
+                ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
+                alpha[e] = fa_i_dev_exp2(m_run[e] - ref);
+                m_run[e] = mx;
+#pragma unroll
+                for (i = 0; i < 2; ++i) {
+                    s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));
+                    s[i][2 * e + 1] = fa_i_dev_exp2(fmaf(s[i][2 * e + 1], log2_scale, -ref));
+                    sum += s[i][2 * e] + s[i][2 * e + 1];
+                }
+                l_run[e] = l_run[e] * alpha[e] + sum;
+            }
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+                for (i = 0; i < DW / 8; ++i) {
+                    o[i][0] *= alpha[0];
+                    o[i][1] *= alpha[0];
+                    o[i][2] *= alpha[1];
+                    o[i][3] *= alpha[1];
+                }
+            FA_I_ACC_AS_A(pa, s, 0);
+#pragma unroll
+            for (i = 0; i < DW / 16; ++i) { /* O += P V on this warp's columns */
+                uint32_t vb[4];
+                FA_I_LOAD_B_KN(vb, svt, LD, 16 * j, col0 + 16 * i);
+                fa_i_mma(o[2 * i], pa, vb[0], vb[1], BF16);
+                fa_i_mma(o[2 * i + 1], pa, vb[2], vb[3], BF16);
+            }
+        }
+    }
+    FA_I_CP_ASYNC_WAIT(0);
+#pragma unroll
+    for (e = 0; e < 2; ++e) { /* the row sums over the quad's columns */
+        l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 1);
+        l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 2);
+    }
+    if (ks_count > 1) {
+        /* The warps past the first of a (row tile, column part) leave their
+           (O, m, l) in the ring's memory, one slot per warp; the first merges. */
+        float *slots = (float *)sk, *mine = slots + warp * SLOT;
+        const int g = lane >> 2, c2 = 2 * (lane & 3);
+        __syncthreads(); /* every warp is done with the ring */
+        if (ks > 0) {
+#pragma unroll
+            for (i = 0; i < DW / 8; ++i) {
+                *(float2 *)(mine + g * DW + 8 * i + c2) = make_float2(o[i][0], o[i][1]);
+                *(float2 *)(mine + (g + 8) * DW + 8 * i + c2) = make_float2(o[i][2], o[i][3]);
+            }
+            if ((lane & 3) == 0) {
+                mine[16 * DW + g] = m_run[0], mine[16 * DW + g + 8] = m_run[1];
+                mine[16 * DW + 16 + g] = l_run[0], mine[16 * DW + 24 + g] = l_run[1];
+            }
+        }
+        __syncthreads();
+        if (ks > 0) return;
+        for (j = 1; j < ks_count; ++j) {
+            const float *other = slots + (warp + j * rt_count * DS) * SLOT;
+            float w_mine[2], w_other[2];
+#pragma unroll
+            for (e = 0; e < 2; ++e) {
+                const float m2 = other[16 * DW + g + 8 * e], l2 = other[16 * DW + 16 + g + 8 * e];
+                const float mx = fmaxf(m_run[e], m2), ref = mx == -INFINITY ? 0.0f : mx;
+                w_mine[e] = fa_i_dev_exp2(m_run[e] - ref);
+                w_other[e] = fa_i_dev_exp2(m2 - ref);
+                l_run[e] = l_run[e] * w_mine[e] + l2 * w_other[e];
+                m_run[e] = mx;
+            }
+#pragma unroll
+            for (i = 0; i < DW / 8; ++i) {
+                const float2 x = *(const float2 *)(other + g * DW + 8 * i + c2);
+                const float2 y = *(const float2 *)(other + (g + 8) * DW + 8 * i + c2);
+                o[i][0] = o[i][0] * w_mine[0] + x.x * w_other[0];
+                o[i][1] = o[i][1] * w_mine[0] + x.y * w_other[0];
+                o[i][2] = o[i][2] * w_mine[1] + y.x * w_other[1];
+                o[i][3] = o[i][3] * w_mine[1] + y.y * w_other[1];
+            }
+        }
+    }
+    /* The rows out: O / l on this warp's columns (16-bit into o, or fp32 into
+       this split's part), and the LSE from the first column part. */
+#pragma unroll
+    for (e = 0; e < 2; ++e) {
+        const int r = my_row + 8 * e, t = r / group, h = hk * group + r % group;
+        const float l = l_run[e], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float lse = l > 0.0f ? (m_run[e] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+        const int64_t lse_at = ((int64_t)b * p.heads_q + h) * p.seqlen_q + t;
+        const int write_lse = (lane & 3) == 0 && dpart == 0;
+        if (r >= r_end) continue;
+        if (a.splits > 1) {
+            float *part = a.o_part + (int64_t)split * a.part_floats +
+                          (((int64_t)b * p.seqlen_q + t) * p.heads_q + h) * D + col0;
+#pragma unroll
+            for (i = 0; i < DW / 8; ++i)
+                *(float2 *)(part + 8 * i + 2 * (lane & 3)) =
+                    make_float2(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
+            if (write_lse) a.lse_part[(int64_t)split * a.lse_floats + lse_at] = lse;
+        } else {
+            uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, t) + col0;
+#pragma unroll
+            for (i = 0; i < DW / 8; ++i)
+                *(uint32_t *)(go + 8 * i + 2 * (lane & 3)) =
+                    FA_I_PACK(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
+            if (write_lse && p.lse) p.lse[lse_at] = lse;
+        }
+    }
+}
+#undef FA_I_DEC
+#endif /* >> decode */
+
+/* >> combine ==================================================================
+   Partial results merged by LSE (fa_cuda_combine, and split-KV's second
+   kernel): one warp per query row reads every part's LSE, then every part's
+   row, before it writes o's row, so o may be o_parts[0] (same dtype and
+   layout). */
+#if defined(FA_I_TOP) && !defined(FA_I_PASS)
+#define FA_I_COMBINE_THREADS 256
+static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
+{
+    return dtype == FA_DTYPE_F32 ? ((const float *)base)[i]
+                                 : fa_i_load16(base, i, dtype == FA_DTYPE_BF16);
+}
+
+static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
+    fa_i_combine(const fa_combine_params p, const fa_i_combine_args a)
+{
+    __shared__ float weights[FA_I_COMBINE_THREADS / 32][FA_MAX_PARTS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row = (int64_t)blockIdx.x * (FA_I_COMBINE_THREADS / 32) + warp;
+    const int h = (int)(row % p.heads), n = (int)(row / p.heads % p.seqlen);
+    const int b = (int)(row / ((int64_t)p.heads * p.seqlen));
+    const int64_t lse_at = ((int64_t)b * p.heads + h) * p.seqlen + n;
+    const int64_t at = fa_i_dev_offset(&p.part_layout, b, h, n);
+    float *w = weights[warp], mx = -INFINITY, sum = 0.0f;
+    int i, c;
+    if (row >= (int64_t)p.batch * p.heads * p.seqlen) return;
+    for (i = lane; i < p.num_parts; i += 32) mx = fmaxf(mx, a.lse[i][lse_at]);
+    for (i = 16; i > 0; i >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, i));
+    for (i = lane; i < p.num_parts; i += 32) { /* 0 for a part that saw no key */
+        const float lse = a.lse[i][lse_at];
+        w[i] = lse == -INFINITY ? 0.0f : expf(lse - mx);
+    }
+    __syncwarp();
+    for (i = 0; i < p.num_parts; ++i) sum += w[i];
+    for (c = lane; c < p.head_dim; c += 32) {
+        float acc = 0.0f;
+        for (i = 0; i < p.num_parts; ++i)
+            if (w[i] > 0.0f) acc += w[i] * fa_i_load_any(a.o[i], at + c, p.part_dtype);
+        acc = sum > 0.0f ? acc / sum : 0.0f;
+        if (p.dtype == FA_DTYPE_F32)
+            ((float *)p.o)[fa_i_dev_offset(&p.o_layout, b, h, n) + c] = acc;
+        else
+            fa_i_store16(p.o, fa_i_dev_offset(&p.o_layout, b, h, n) + c, acc, p.dtype == FA_DTYPE_BF16);
+    }
+    __syncwarp(); /* every lane has read the parts' LSE: lse may be lse_parts[0] */
+    if (lane == 0 && p.lse) p.lse[lse_at] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+}
+#endif /* >> combine */
+
 /* >> backward common ==========================================================
    By recomputation from LSE (FA2 paper, algorithm 2): a preprocess kernel
    computes D = rowsum(dO * O) and zeroes the fp32 dQ accumulator; the dK/dV
@@ -3040,6 +3396,9 @@ static __global__ void __launch_bounds__(256, 1)
 #define FA_I_PASS FA_I_PASS_FA2_FWD
 #include "flashattn_cuda.cuh"
 #undef FA_I_PASS
+#define FA_I_PASS FA_I_PASS_DECODE
+#include "flashattn_cuda.cuh"
+#undef FA_I_PASS
 #if FA_I_FA3_HAS(0)
 #define FA_I_PASS FA_I_PASS_FA3_FWD
 #define FA_I_V 0
@@ -3121,7 +3480,7 @@ static __global__ void __launch_bounds__(256, 1)
     {FA_I_NO_KERNEL,                                                                         \
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
-     FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL}
+     FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #if !FA_I_BUILD_D(FA_I_D)
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
 #else
@@ -3164,6 +3523,26 @@ static_assert(FA_I_FA2_BWD_SMEM(99) <= 99 * 1024,
     (2 * FA_I_PITCH(FA_I_D) *                                                                \
      (2 * FA_I_COL(FA2_BWDQ, ROWS, FA_I_FA2_BWDQ_ROW) + 4 * FA_I_COL(FA2_BWDQ, KEYS, FA_I_FA2_BWDQ_ROW)))
 static_assert(FA_I_FA2_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds shared memory");
+/* Decode: the packed Q rows, then STAGES of K and V; the warps' merge
+   slots ((m, l, O) of 16 rows each) reuse the ring. */
+#define FA_I_DECODE_ROW FA_I_CAT(FA_DECODE_TILE_, FA_I_D)
+#define FA_I_DECODE_MAX_ROWS (16 * FA_I_DECODE_WARPS / FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW))
+#define FA_I_DECODE_SMEM                                                                     \
+    (2 * FA_I_PITCH(FA_I_D) *                                                                \
+     (FA_I_DECODE_MAX_ROWS + 2 * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *                 \
+                                 FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW)))
+static_assert(FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW) % 64 == 0 &&
+                  FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) >= 2 &&
+                  (FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) == 1 ||
+                   FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) == 2) &&
+                  FA_I_D % (16 * FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW)) == 0,
+              "flashattn: decode KEYS must be a multiple of 64, STAGES at least 2, DSPLIT 1 "
+              "or 2 (dividing d into multiples of 16)");
+static_assert(FA_I_DECODE_WARPS * (16 * FA_I_D / FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) + 32) * 4 <=
+                  2 * 2 * FA_I_PITCH(FA_I_D) * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *
+                      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW),
+              "flashattn: the decode warps' merge slots exceed the K/V ring");
+static_assert(FA_I_DECODE_SMEM <= FA_I_SMEM_MAX, "flashattn: decode tile exceeds shared memory");
 
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_FA3 1
@@ -3283,10 +3662,14 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_FA3_FWD_ENTRIES(dt) {FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #define FA_I_FA3_BWD_ENTRY(dt) FA_I_NO_KERNEL
 #endif
+#define FA_I_DECODE_ENTRY(dt)                                                                \
+    {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, ), FA_I_DECODE_MAX_ROWS,                           \
+     FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
 #define FA_I_ENTRY(dt)                                                                       \
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
-     FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt)}
+     FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt),               \
+     FA_I_DECODE_ENTRY(dt)}
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #if FA_CUDA_DTYPE != 2
     FA_I_ENTRY(f16),
@@ -3310,6 +3693,10 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_FA3_FWD_ENTRIES
 #undef FA_I_FA3_BWD_ENTRY
 #undef FA_I_ENTRY
+#undef FA_I_DECODE_ENTRY
+#undef FA_I_DECODE_ROW
+#undef FA_I_DECODE_MAX_ROWS
+#undef FA_I_DECODE_SMEM
 #undef FA_I_FA2_FWD_ROW
 #undef FA_I_FA2_FWD_SMEM
 #undef FA_I_FA2_BWD_ROW
@@ -3488,13 +3875,13 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     return FA_OK;
 }
 
-/* Launches kernel(p, extra) with the dynamic shared memory raised as needed. */
+/* Launches kernel(*params, *extra) with the dynamic shared memory raised as needed. */
 static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t smem,
-                             cudaStream_t stream, const fa_params *p, void *extra)
+                             cudaStream_t stream, const void *params, void *extra)
 {
     void *args[2];
     cudaError_t e;
-    args[0] = (void *)p;
+    args[0] = (void *)params;
     args[1] = extra;
     if (smem > 48 * 1024 &&
         (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -3597,11 +3984,47 @@ FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
     return fa_i_cuda_check(params, pass, &p, &k, &dev);
 }
 
+/* The decode kernel's key splits for base_ctas CTAs of (row block, kv
+   head, batch): num_splits where the caller forces it, else 1 where the
+   CTAs already fill 80% of the device (its SMs times the CTAs an SM holds),
+   else the fewest splits whose waves are at least 85% as full as the
+   fullest split count's (FlashAttention's heuristic), with at least two key
+   tiles per split. */
+static int fa_i_decode_splits(const fa_params *p, const fa_i_kernel *k, int64_t base_ctas,
+                              const fa_i_device *dev)
+{
+    const int tiles = fa_i_blocks(p->seqlen_k, k->keys);
+    int per_sm = 0, most = tiles / 2 < FA_MAX_PARTS ? tiles / 2 : FA_MAX_PARTS, s;
+    double eff[FA_MAX_PARTS + 1], best = 0.0;
+    int64_t capacity;
+    if (p->num_splits) return p->num_splits;
+    if (cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k->smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k->fn, k->threads, k->smem) !=
+            cudaSuccess) {
+        cudaGetLastError(); /* no estimate: no split; the launch reports a real error */
+        return 1;
+    }
+    capacity = (int64_t)(per_sm > 0 ? per_sm : 1) * dev->sms;
+    if (base_ctas * 5 >= capacity * 4 || most < 2) return 1;
+    for (s = 1; s <= most; ++s) {
+        const int64_t ctas = base_ctas * s, waves = (ctas + capacity - 1) / capacity;
+        eff[s] = (double)ctas / (double)(waves * capacity);
+        if (eff[s] > best) best = eff[s];
+    }
+    for (s = 1; s < most && eff[s] < 0.85 * best; ++s) {
+    }
+    return s;
+}
+
 /* A validated forward and the kernel that runs it. */
 typedef struct fa_i_forward_plan {
     fa_params p; /* resolved */
     const fa_i_kernels *k;
-    int algorithm; /* 1 FA1, 2 FA2, 3 FA3 */
+    int algorithm;    /* 1 FA1, 2 FA2, 3 FA3, 4 decode */
+    size_t workspace; /* bytes it needs */
+    fa_i_decode_args decode; /* decode only: its launch, CTAs decode_ctas */
+    int64_t decode_ctas;
 #if FA_I_SM90
     const fa_i_kernel *fa3; /* FA3 only: the tile variant, its maps and grid */
     fa_i_tma_maps maps;
@@ -3609,31 +4032,87 @@ typedef struct fa_i_forward_plan {
 #endif
 } fa_i_forward_plan;
 
-static fa_status fa_i_plan_forward(const fa_params *params, fa_i_forward_plan *plan)
+/* The decode path for p (seqlen_q <= FA_I_DECODE_MAX_Q, its kernel fits the
+   device): packed rows, row blocks and splits; the library's own split count
+   only where `workspace` bytes hold its parts. 0 where p takes another path. */
+static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *dev,
+                                  size_t workspace, int *taken)
+{
+    const fa_params *p = &plan->p;
+    const fa_i_kernel *k = &plan->k->decode;
+    const int packed = p->heads_q / p->heads_kv * p->seqlen_q;
+    fa_i_decode_args *a = &plan->decode;
+    int64_t base;
+    *taken = 0;
+    if (FA_VARIANT != 2 || p->seqlen_q > FA_I_DECODE_MAX_Q || !k->fn ||
+        (size_t)dev->smem_optin < k->smem) {
+        if (p->num_splits > 1)
+            return fa_i_fail(FA_ERR_UNSUPPORTED,
+                             "num_splits %d: the GPU splits keys for seqlen_q <= %d only "
+                             "(with the decode kernel built and fitting the device)",
+                             p->num_splits, FA_I_DECODE_MAX_Q);
+        return FA_OK;
+    }
+    memset(a, 0, sizeof *a);
+    a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
+    a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
+    base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
+    a->splits = fa_i_decode_splits(p, k, base, dev);
+    a->part_floats = (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim);
+    a->lse_floats = (int64_t)fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q);
+    plan->workspace = a->splits > 1 ? sizeof(float) * a->splits * (a->part_floats + a->lse_floats) : 0;
+    if (!p->num_splits && plan->workspace > workspace) { /* too little room: one split */
+        a->splits = 1;
+        plan->workspace = 0;
+    }
+    plan->decode_ctas = base * a->splits;
+    if (plan->decode_ctas > 0x7fffffff)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "%lld decode CTAs", (long long)plan->decode_ctas);
+    plan->algorithm = 4;
+    *taken = 1;
+    return FA_OK;
+}
+
+/* Plans the forward of params for a workspace of `workspace` bytes
+   (SIZE_MAX: as much as the plan wants). */
+static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
+                                   fa_i_forward_plan *plan)
 {
     fa_i_device dev;
+    int taken;
     fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, &plan->p, &plan->k, &dev);
     if (s != FA_OK) return s;
+    plan->workspace = 0;
+    if ((s = fa_i_plan_decode(plan, &dev, workspace, &taken)) != FA_OK || taken) return s;
 #if FA_VARIANT == 1
     plan->algorithm = 1;
-#elif FA_I_SM90
+    plan->workspace = sizeof(float) * (size_t)plan->p.batch * plan->p.heads_q * plan->p.seqlen_q *
+                      (plan->p.head_dim + 2);
+#else
+#if FA_I_SM90
     plan->fa3 = fa_i_fa3_pick(&plan->p, plan->k);
     plan->algorithm = fa_i_fa3_ready(&plan->p, plan->fa3, &dev, &plan->maps, &plan->ctas) ? 3 : 2;
 #else
     plan->algorithm = 2;
+#endif
 #endif
     return FA_OK;
 }
 
 FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
 {
-    fa_params p;
-    if (fa_params_resolve(params, FA_PASS_FORWARD, &p) != FA_OK) return 0;
-#if FA_VARIANT == 1
-    return sizeof(float) * (size_t)p.batch * p.heads_q * p.seqlen_q * (p.head_dim + 2);
-#else
-    return 0;
-#endif
+    fa_i_forward_plan plan;
+    return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.workspace : 0;
+}
+
+/* Launches fa_i_combine over a resolved merge whose parts are args. */
+static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_args *args,
+                                     cudaStream_t stream)
+{
+    const int64_t rows = (int64_t)c->batch * c->heads * c->seqlen;
+    return fa_i_launch((const void *)fa_i_combine,
+                       dim3(fa_i_blocks(rows, FA_I_COMBINE_THREADS / 32)), FA_I_COMBINE_THREADS, 0,
+                       stream, c, args);
 }
 
 FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_t workspace_size,
@@ -3641,19 +4120,46 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
 {
     fa_i_forward_plan plan;
     const fa_params *p = &plan.p;
-    fa_status s = fa_i_plan_forward(params, &plan);
+    fa_status s = fa_i_plan_forward(params, workspace ? workspace_size : 0, &plan);
     if (s != FA_OK) return s;
+    if (plan.workspace && (!workspace || workspace_size < plan.workspace || (uintptr_t)workspace % 16))
+        return fa_i_fail(FA_ERR_WORKSPACE, "this forward needs %zu bytes of workspace, 16-byte aligned",
+                         plan.workspace);
 #if FA_VARIANT == 1
     {
-        const size_t need = fa_cuda_forward_workspace_size(p);
         const size_t smem = sizeof(float) * FA_I_FA1_KEYS * (2 * p->head_dim + FA_I_FA1_THREADS);
-        if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
-            return fa_i_fail(FA_ERR_WORKSPACE, "FA1 needs %zu bytes, 16-byte aligned", need);
         return fa_i_launch((const void *)fa_i_fwd_fa1, dim3(p->batch * p->heads_q),
                            FA_I_FA1_THREADS, smem, stream, p, &workspace);
     }
 #else
-    (void)workspace_size;
+    if (plan.algorithm == 4) { /* fa_i_fwd_decode, then fa_i_combine of its splits */
+        fa_i_decode_args *a = &plan.decode;
+        const fa_i_kernel *k = &plan.k->decode;
+        if (a->splits > 1) {
+            a->o_part = (float *)workspace;
+            a->lse_part = a->o_part + a->splits * a->part_floats;
+        }
+        s = fa_i_launch(k->fn, dim3((unsigned)plan.decode_ctas), k->threads, k->smem, stream, p, a);
+        if (s == FA_OK && a->splits > 1) {
+            fa_combine_params c;
+            fa_i_combine_args parts;
+            int i;
+            memset(&c, 0, sizeof c);
+            c.num_parts = a->splits;
+            c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim;
+            c.part_dtype = FA_DTYPE_F32;
+            c.part_layout.head = p->head_dim;
+            c.part_layout.seq = (int64_t)p->heads_q * p->head_dim;
+            c.part_layout.batch = (int64_t)p->seqlen_q * p->heads_q * p->head_dim;
+            c.dtype = p->dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
+            for (i = 0; i < a->splits; ++i) {
+                parts.o[i] = a->o_part + i * a->part_floats;
+                parts.lse[i] = a->lse_part + i * a->lse_floats;
+            }
+            s = fa_i_launch_combine(&c, &parts, stream);
+        }
+        return s;
+    }
 #if FA_I_SM90
     if (plan.algorithm == 3) /* fa_i_fwd_fa3 */
         return fa_i_launch(plan.fa3->fn, dim3(plan.ctas), plan.fa3->threads, plan.fa3->smem,
@@ -3665,10 +4171,24 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
 #endif
 }
 
+FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t stream)
+{
+    fa_combine_params c;
+    fa_i_combine_args parts;
+    int i;
+    fa_status s = fa_combine_resolve(params, &c);
+    if (s != FA_OK) return s;
+    for (i = 0; i < c.num_parts; ++i) {
+        parts.o[i] = c.o_parts[i];
+        parts.lse[i] = c.lse_parts[i];
+    }
+    return fa_i_launch_combine(&c, &parts, stream);
+}
+
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)
 {
     fa_i_forward_plan plan;
-    return fa_i_plan_forward(params, &plan) == FA_OK ? plan.algorithm : 0;
+    return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
 /* Floats of the atomic mode's dQ accumulator (fa_i_dq_blocks per head). */

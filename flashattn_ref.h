@@ -1,5 +1,5 @@
-/* flashattn_ref.h - v0.1.0 - the plain three-step attention algorithm, CPU.
-   MIT licence, see flashattn.h.
+/* flashattn_ref.h - v0.2.0 - the plain three-step attention algorithm, CPU.
+   MIT licence, see the end of flashattn.h.
 
    S = scale * Q K^T (softcap, masks), P = softmax(S), O = P V, with S and P
    materialized per (batch, head) and every sum in double precision. It

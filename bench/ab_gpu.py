@@ -3,7 +3,7 @@ each configuration's forward is timed in alternating rounds (build A, build B,
 ..., cuDNN, each round starting one further along; ROUNDS rounds of a
 REPS-run CUDA-event median each, after WARM_S seconds of running back to
 back) so that clock and power drift land on every build alike
-(bench_gpu.alternating_ms; bench/NOTES.md v14). Every build's output is
+(bench_gpu.alternating_ms; bench/DESIGN.md, Method). Every build's output is
 checked against PyTorch's flash backend before timing; --timing-only prints
 each error instead, for builds with parts taken out on purpose (forward only).
 

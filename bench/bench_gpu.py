@@ -6,13 +6,12 @@ PyTorch's output before it is timed. The implementations of a configuration
 take turns over --rounds rounds, each round starting one further along, and
 each runs back to back for --warm seconds before its timed runs: under a
 sustained load the H200 holds its power cap by lowering its clock, and a
-kernel otherwise inherits the clock its predecessor left (bench/NOTES.md
-v14). The time is the median over the rounds of each round's CUDA-event
+kernel otherwise inherits the clock its predecessor left (bench/DESIGN.md). The time is the median over the rounds of each round's CUDA-event
 median.
 
 Our forward runs in four builds: the default one ("ours": FA3 on Hopper for
 d 64/128/256), FA_SM90=0 ("fa2": the portable mma.sync kernel) and the FA3
-ablations FA_SM90_OVERLAP=0 and FA_SM90_PINGPONG=0. The backward is the same
+ablations FA_FA3_OVERLAP=0 and FA_FA3_PINGPONG=0. The backward is the same
 code in every build and is timed once.
 Writes bench/results_gpu.md, bench/results_gpu.json and (with matplotlib)
 bench/results_gpu.png.
@@ -76,7 +75,7 @@ def alternating_ms(fns, rounds, reps, warm_s=0.0):
     same one; each warms for warm_s before its timed runs. Under a sustained
     load the H200 holds its power cap by lowering the SM clock (1980 to ~1650
     MHz for the FA3 forward), and the clock a kernel inherits from the one
-    before it takes a while to settle (bench/NOTES.md, v14)."""
+    before it takes a while to settle (bench/DESIGN.md, Method)."""
     names = list(fns)
     times = {name: [] for name in names}
     for r in range(rounds):
@@ -283,29 +282,57 @@ def backward_table(rows):
     return lines
 
 
-def plot(rows, path):
+def plot(rows, path, dtype="bf16"):
+    """A grid of panels, one per (pass, causal) row and head dim column:
+    TFLOP/s over N for ours and the peers, and above each of our points its
+    ratio to the best peer at that N. One shared legend."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    keys = sorted({(r["dtype"], r["d"], r["causal"]) for r in rows})
-    fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6), squeeze=False)
-    for col, key in enumerate(keys):
-        sel = [r for r in rows if (r["dtype"], r["d"], r["causal"]) == key]
-        for line, pass_ in enumerate(("fwd", "bwd")):
-            ax = axes[line][col]
-            for impl in ("ours", "fa2", "flash", "cudnn"):
+    rows = [r for r in rows if r["dtype"] == dtype]
+    dims = sorted({r["d"] for r in rows})
+    panels = [(pass_, causal) for pass_ in ("fwd", "bwd") for causal in (False, True)]
+    styles = {"ours": ("ours", "tab:red", "o"), "flash": ("FlashAttention-2 (SDPA flash)",
+              "tab:blue", "s"), "cudnn": ("cuDNN (SDPA)", "tab:green", "^"),
+              "fa4": ("FlashAttention-4", "tab:purple", "D")}
+    fig, axes = plt.subplots(len(panels), len(dims), figsize=(4.2 * len(dims), 3.1 * len(panels)),
+                             squeeze=False, sharex=True)
+    for i, (pass_, causal) in enumerate(panels):
+        for j, d in enumerate(dims):
+            ax = axes[i][j]
+            sel = sorted((r for r in rows if r["d"] == d and r["causal"] == causal),
+                         key=lambda r: r["n"])
+            for impl, (label, color, marker) in styles.items():
                 pts = [(r["n"], r[f"{impl}_{pass_}"]) for r in sel if f"{impl}_{pass_}" in r]
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=impl)
+                    ax.plot(*zip(*pts), marker=marker, color=color, label=label, lw=1.5, ms=4)
+            for r in sel:
+                peers = [r[f"{x}_{pass_}"] for x in ("flash", "cudnn", "fa4") if f"{x}_{pass_}" in r]
+                if peers and f"ours_{pass_}" in r:
+                    q = r[f"ours_{pass_}"] / max(peers)
+                    ax.annotate(f"{q:.2f}", (r["n"], r[f"ours_{pass_}"]), textcoords="offset points",
+                                xytext=(0, 5 if q >= 1 else -12), ha="center", fontsize=7,
+                                color="tab:red")
             ax.set_xscale("log", base=2)
-            ax.set_title(f"{key[0]} d={key[1]} causal={int(key[2])} {pass_}", fontsize=8)
-            ax.set_ylabel("TFLOP/s", fontsize=8)
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+            ns = [r["n"] for r in sel]
+            ax.set_xticks(ns)
+            ax.set_xticklabels([f"{n // 1024}k" if n >= 1024 else str(n) for n in ns])
+            ax.set_title(f"{'forward' if pass_ == 'fwd' else 'backward'}, d = {d}"
+                         f"{', causal' if causal else ''}", fontsize=10)
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("TFLOP/s")
+            if i == len(panels) - 1:
+                ax.set_xlabel("sequence length N")
+            ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=10,
+               title=f"{dtype}, H200; numbers: ours / best peer at that N", title_fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=90)
     return True
 
 
@@ -328,7 +355,7 @@ def write_results(rows, out, method, final=True):
         "- ours = the default build (column `ours` names the kernel it ran: FA3 backward at"
         " d = 64, 128, 256 in the atomic mode on Hopper, FA2 else; the deterministic mode is FA2);"
         " ours FA2 = built with FA_SM90=0; no overlap / no ping-pong = FA3 built with"
-        " FA_SM90_OVERLAP=0 / FA_SM90_PINGPONG=0",
+        " FA_FA3_OVERLAP=0 / FA_FA3_PINGPONG=0",
         "- command: `make bench`",
         "",
     ]

@@ -1,5 +1,5 @@
 """Sums an ncu per-SASS-line export by opcode and by how often each line ran
-per warp (a profiling aid for bench/NOTES.md, never a benchmark).
+per warp (a profiling aid, never a benchmark).
 
 Usage:
   ncu --section SourceCounters --section WarpStateStats -k regex:NAME -o REP \

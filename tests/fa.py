@@ -44,7 +44,17 @@ class Params(ctypes.Structure):
         ("dout", ctypes.c_void_p), ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p),
         ("dv", ctypes.c_void_p),
         ("dout_layout", Layout), ("dq_layout", Layout), ("dk_layout", Layout),
-        ("dv_layout", Layout),
+        ("dv_layout", Layout), ("num_splits", ctypes.c_int),
+    ]
+
+
+class CombineParams(ctypes.Structure):
+    _fields_ = [
+        ("num_parts", ctypes.c_int), ("batch", ctypes.c_int), ("heads", ctypes.c_int),
+        ("seqlen", ctypes.c_int), ("head_dim", ctypes.c_int), ("part_dtype", ctypes.c_int),
+        ("o_parts", ctypes.POINTER(ctypes.c_void_p)), ("lse_parts", ctypes.POINTER(ctypes.c_void_p)),
+        ("part_layout", Layout), ("dtype", ctypes.c_int), ("o", ctypes.c_void_p),
+        ("o_layout", Layout), ("lse", ctypes.c_void_p),
     ]
 
 
@@ -70,6 +80,9 @@ CPU_SMALL_TILES = _load("libflashattn_tiles_test.so")  # FA_CPU_BLOCK_M=32, FA_C
 CPU.fa_test_params_size.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.argtypes = [ctypes.c_char_p]
+CPU.fa_test_combine_params_size.restype = ctypes.c_size_t
+CPU.fa_test_combine_params_offset.restype = ctypes.c_size_t
+CPU.fa_test_combine_params_offset.argtypes = [ctypes.c_char_p]
 CPU.fa_f32_to_f16.restype = ctypes.c_uint16
 CPU.fa_f32_to_f16.argtypes = [ctypes.c_float]
 CPU.fa_f32_to_bf16.restype = ctypes.c_uint16
@@ -148,12 +161,12 @@ class Problem:
 
     def __init__(self, rng, batch=1, heads_q=2, heads_kv=0, seqlen_q=64, seqlen_k=64,
                  head_dim=64, dtype="f32", layout="bshd", causal=False, window=None,
-                 softcap=0.0, scale=0.0, amplitude=1.0):
+                 softcap=0.0, scale=0.0, amplitude=1.0, num_splits=0):
         self.b, self.hq, self.hkv = batch, heads_q, heads_kv or heads_q
         self.nq, self.nk, self.d = seqlen_q, seqlen_k, head_dim
         self.dtype, self.layout = dtype, layout
         self.causal, self.window, self.softcap = causal, window, softcap
-        self.scale_arg = scale
+        self.scale_arg, self.num_splits = scale, num_splits
         self.scale = scale or 1.0 / np.sqrt(head_dim)
         qs, ks = (batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, self.hkv, head_dim)
         self.q = quantize(rng.standard_normal(qs) * amplitude, dtype)
@@ -171,6 +184,7 @@ class Problem:
         p.batch, p.heads_q, p.heads_kv = self.b, self.hq, self.hkv
         p.seqlen_q, p.seqlen_k, p.head_dim = self.nq, self.nk, self.d
         p.scale, p.causal, p.softcap = self.scale_arg, int(self.causal), self.softcap
+        p.num_splits = self.num_splits
         if self.window is not None:
             p.window, (p.window_left, p.window_right) = 1, self.window
         for name, t in tensors.items():
@@ -241,6 +255,32 @@ def call_backward(backend, p, threads=2):
     return CPU.fa_cpu_backward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 
+def combine(backend, o_parts, lse_parts, dtype, part_dtype, layout="bshd", in_place=False,
+            threads=2):
+    """Merges parts (float64 [B, N, H, d] values, LSE [B, H, N]) with
+    fa_cpu_combine ('cpu') or fa_cuda_combine ('gpu'); o_parts are stored in
+    part_dtype and the layout, o in dtype (in_place: o is part 0's storage).
+    Returns (status, O, LSE) as float64."""
+    b, n, h, d = o_parts[0].shape
+    parts = [Tensor((b, n, h, d), part_dtype, layout, x) for x in o_parts]
+    lses = [np.ascontiguousarray(x, np.float32) for x in lse_parts]
+    o = parts[0] if in_place else Tensor((b, n, h, d), dtype, layout)
+    lse = np.full((b, h, n), np.nan, np.float32)
+    c = CombineParams()
+    c.num_parts, c.batch, c.heads, c.seqlen, c.head_dim = len(parts), b, h, n, d
+    c.part_dtype, c.dtype = DTYPES[part_dtype], DTYPES[dtype]
+    ptrs = (ctypes.c_void_p * len(parts))(*[t.ptr for t in parts])
+    lptrs = (ctypes.c_void_p * len(parts))(*[x.ctypes.data for x in lses])
+    c.o_parts = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
+    c.lse_parts = ctypes.cast(lptrs, ctypes.POINTER(ctypes.c_void_p))
+    c.part_layout, c.o, c.o_layout, c.lse = parts[0].layout, o.ptr, o.layout, lse.ctypes.data
+    if backend == "cpu":
+        status = CPU.fa_cpu_combine(ctypes.byref(c), ctypes.byref(CpuOptions(threads, 0)))
+    else:
+        status = GPU.fa_test_gpu_combine(ctypes.byref(c))
+    return status, o.values(), lse.astype(np.float64)
+
+
 def rel_err(x, ref):
     """‖x − ref‖ / ‖ref‖ over finite reference entries; NaN anywhere in x fails."""
     x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
@@ -268,6 +308,8 @@ def load_gpu(name):
         lib.fa_test_gpu_backward_workspace_size.restype = ctypes.c_size_t
         lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t
         lib.fa_test_gpu_backward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.fa_test_gpu_forward_workspace_size.restype = ctypes.c_size_t
+        lib.fa_test_gpu_forward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return lib
 
 

@@ -33,7 +33,7 @@ def _expand(x, group):
     return np.repeat(x, group, axis=2)
 
 
-def _probs(q, k, scale, causal, window, softcap):
+def _probs(q, k, scale, causal, window, softcap, keys=None):
     group = q.shape[2] // k.shape[2]
     x = np.einsum("bqhd,bkhd->bhqk", q, _expand(k, group)) * q.dtype.type(scale)
     t = None
@@ -41,6 +41,10 @@ def _probs(q, k, scale, causal, window, softcap):
         t = np.tanh(x / softcap)
         x = softcap * t
     m = mask(q.shape[1], k.shape[1], causal, window)
+    if keys is not None:  # only keys [lo, hi) of the full key axis
+        outside = np.ones(k.shape[1], dtype=bool)
+        outside[keys[0]:keys[1]] = False
+        m = m | outside[None, :]
     x = np.where(m, -np.inf, x)
     mx = x.max(axis=-1, keepdims=True)
     safe = np.where(np.isfinite(mx), mx, 0.0)
@@ -53,12 +57,13 @@ def _probs(q, k, scale, causal, window, softcap):
 
 
 def forward(q, k, v, scale, causal=False, window=None, softcap=0.0, precision=np.float64,
-            round_p=None):
+            round_p=None, keys=None):
     """Returns O [B, Nq, Hq, d] and LSE [B, Hq, Nq], computed in `precision`.
-    round_p (optional) rounds P before P V, as tensor cores take 16-bit P."""
+    round_p (optional) rounds P before P V, as tensor cores take 16-bit P.
+    keys = (lo, hi) attends to those keys only (one part of a split)."""
     q, k, v = (np.asarray(x, precision) for x in (q, k, v))
     group = q.shape[2] // k.shape[2]
-    p, _, lse, _ = _probs(q, k, scale, causal, window, softcap)
+    p, _, lse, _ = _probs(q, k, scale, causal, window, softcap, keys)
     if round_p is not None:
         p = round_p(p).astype(precision)
     o = np.einsum("bhqk,bkhd->bqhd", p, _expand(v, group))
@@ -111,3 +116,25 @@ def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
             _group_sum(np.einsum("bhqk,bqhd->bkhd", terms, np.abs(q)), hkv),
             _group_sum(np.einsum("bhqk,bqhd->bkhd", p, np.abs(dout)), hkv))
     return (dq, dk, dv), mags
+
+
+
+def combine(o_parts, lse_parts):
+    """Merges partial results: per row LSE = log sum_i exp(LSE_i) and
+    O = sum_i exp(LSE_i - LSE) O_i, parts with LSE_i = -inf skipped (their O
+    unread); rows with no part left get O = 0, LSE = -inf. O parts [B, N, H,
+    d], LSE parts [B, H, N]."""
+    lse = np.stack([np.asarray(x, np.float64) for x in lse_parts])  # [P, B, H, N]
+    mx = lse.max(axis=0)
+    safe = np.where(np.isfinite(mx), mx, 0.0)
+    w = np.where(np.isneginf(lse), 0.0, np.exp(lse - safe))
+    total = w.sum(axis=0)
+    o = np.zeros(np.shape(o_parts[0]))
+    for wi, oi in zip(w, o_parts):
+        wr = wi.transpose(0, 2, 1)[..., None]  # [B, N, H, 1]
+        o += np.where(wr > 0, wr * np.nan_to_num(np.asarray(oi, np.float64)), 0.0)
+    t = total.transpose(0, 2, 1)[..., None]
+    o = np.divide(o, t, out=np.zeros_like(o), where=t > 0)
+    with np.errstate(divide="ignore"):
+        out_lse = np.where(total > 0, safe + np.log(np.where(total > 0, total, 1.0)), -np.inf)
+    return o, out_lse

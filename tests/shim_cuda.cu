@@ -79,21 +79,35 @@ static fa_status finish(fa_status s, mirror m[TENSORS], void *workspace)
     return s == FA_OK && e != cudaSuccess ? FA_ERR_CUDA : s;
 }
 
-fa_status fa_test_gpu_forward(const fa_params *hp)
+/* Forward with a workspace of ws_size bytes, or of the size the library
+   asks for when ws_size is (size_t)-1. */
+static fa_status run_forward(const fa_params *hp, size_t ws_size)
 {
     mirror m[TENSORS];
     fa_params p, d;
     void *ws = NULL;
-    size_t ws_size;
     /* Params the GPU path refuses go to the library as they are, host
        pointers and all: it must refuse them without touching memory. */
     fa_status s = fa_cuda_supported(hp, FA_PASS_FORWARD);
     if (s != FA_OK) return fa_cuda_forward(hp, NULL, 0, 0);
     fa_params_resolve(hp, FA_PASS_FORWARD, &p);
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
-    ws_size = fa_cuda_forward_workspace_size(&d);
+    if (ws_size == (size_t)-1) ws_size = fa_cuda_forward_workspace_size(&d);
     if (ws_size && cudaMalloc(&ws, ws_size) != cudaSuccess) return finish(FA_ERR_CUDA, m, NULL);
     return finish(fa_cuda_forward(&d, ws, ws_size, 0), m, ws);
+}
+
+fa_status fa_test_gpu_forward(const fa_params *hp) { return run_forward(hp, (size_t)-1); }
+
+/* Forward with a workspace of the given size (to test the size check). */
+fa_status fa_test_gpu_forward_workspace(const fa_params *hp, size_t ws_size)
+{
+    return run_forward(hp, ws_size);
+}
+
+size_t fa_test_gpu_forward_workspace_size(const fa_params *hp)
+{
+    return fa_cuda_forward_workspace_size(hp);
 }
 
 /* Backward with a workspace of ws_size bytes, or of the size the library
@@ -186,6 +200,46 @@ done:
         for (i = 0; i < 4; ++i) cudaFree(m[unused[i]].dev), m[unused[i]].dev = NULL;
     }
     return finish(s, m, ws);
+}
+
+/* fa_cuda_combine on host tensors: every part, o (in place where o is part
+   0) and lse mirrored on the device, then o and lse copied back. */
+fa_status fa_test_gpu_combine(const fa_combine_params *hp)
+{
+    fa_combine_params p, d;
+    const void *o_dev[FA_MAX_PARTS];
+    const float *lse_dev[FA_MAX_PARTS];
+    mirror parts[FA_MAX_PARTS], lses[FA_MAX_PARTS], o, lse;
+    size_t part_bytes, o_bytes, lse_bytes;
+    int i, bad = 0, in_place;
+    fa_status s = fa_combine_resolve(hp, &p);
+    if (s != FA_OK) return fa_cuda_combine(hp, 0); /* refused: it must not touch memory */
+    in_place = p.o == p.o_parts[0];
+    part_bytes = fa_dtype_size(p.part_dtype) * span(&p.part_layout, p.batch, p.seqlen, p.heads, p.head_dim);
+    o_bytes = fa_dtype_size(p.dtype) * span(&p.o_layout, p.batch, p.seqlen, p.heads, p.head_dim);
+    lse_bytes = sizeof(float) * p.batch * p.heads * p.seqlen;
+    memset(parts, 0, sizeof parts), memset(lses, 0, sizeof lses), memset(&o, 0, sizeof o);
+    memset(&lse, 0, sizeof lse);
+    for (i = 0; i < p.num_parts; ++i) {
+        bad |= up(&parts[i], (void *)p.o_parts[i], part_bytes);
+        bad |= up(&lses[i], (void *)p.lse_parts[i], lse_bytes);
+        o_dev[i] = parts[i].dev, lse_dev[i] = (const float *)lses[i].dev;
+    }
+    if (!in_place) bad |= up(&o, p.o, o_bytes);
+    bad |= up(&lse, p.lse, lse_bytes);
+    d = p;
+    d.o_parts = o_dev, d.lse_parts = lse_dev;
+    d.o = in_place ? parts[0].dev : o.dev;
+    d.lse = (float *)lse.dev;
+    s = bad ? FA_ERR_CUDA : fa_cuda_combine(&d, 0);
+    if (s == FA_OK && cudaDeviceSynchronize() != cudaSuccess) s = FA_ERR_CUDA;
+    down(&o), down(&lse);
+    for (i = 0; i < p.num_parts; ++i) {
+        if (i == 0 && in_place) down(&parts[0]);
+        else cudaFree(parts[i].dev);
+        cudaFree(lses[i].dev);
+    }
+    return s;
 }
 
 /* Compute capability of the current device as 10 * major + minor, or 0. */

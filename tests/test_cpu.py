@@ -211,6 +211,123 @@ def fa1_and_fa2_orders_agree():
     return f"diff {err:.1e}"
 
 
+# ---- split-KV and combine ---------------------------------------------------------
+
+def combine_case(backend, dtype, part_dtype, parts=3, in_place=False, layout="bshd"):
+    """Random parts with empty ones (LSE -inf, O garbage that must not be
+    read): some rows lose a part, some all; against reference.combine."""
+    rng = rng_for(f"combine{backend}{dtype}{part_dtype}{parts}{in_place}{layout}")
+    b, n, h, d = 2, 9, 3, 40
+    o_parts = [fa.quantize(rng.standard_normal((b, n, h, d)), part_dtype) for _ in range(parts)]
+    lse_parts = [(rng.standard_normal((b, h, n)) * 4).astype(np.float32) for _ in range(parts)]
+    for i in range(parts):
+        empty = rng.random((b, h, n)) < 0.3
+        lse_parts[i][empty] = -np.inf
+        o_parts[i][empty.transpose(0, 2, 1)] = np.nan if part_dtype != "bf16" else 1e30
+    for i in range(parts):  # row (0, 0, 0) sees nothing in any part
+        lse_parts[i][0, 0, 0] = -np.inf
+    ref_o, ref_lse = reference.combine(o_parts, lse_parts)
+    status, o, lse = fa.combine(backend, o_parts, lse_parts, dtype, part_dtype, layout, in_place)
+    assert status == fa.FA_OK, fa.status_name(status)
+    assert np.all(o[0, 0, 0] == 0.0) and np.isneginf(lse[0, 0, 0])
+    err = fa.rel_err(o, ref_o)
+    limit = 2 * fa.rel_err(fa.quantize(ref_o, dtype), ref_o) + 1e-6
+    assert err <= limit, f"combine error {err:.3g} > {limit:.3g}"
+    check_lse(lse, ref_lse)
+    return f"err {err:.1e}"
+
+
+for dtype, part_dtype in (("f32", "f32"), ("bf16", "f32"), ("f16", "f16"), ("bf16", "bf16")):
+    case(f"combine_{dtype}_parts_{part_dtype}", combine_case, "cpu", dtype, part_dtype)
+case("combine_one_part", combine_case, "cpu", "f32", "f32", parts=1)
+case("combine_many_parts_padded", combine_case, "cpu", "f16", "f32", parts=40, layout="padded")
+case("combine_in_place", combine_case, "cpu", "f32", "f32", parts=4, in_place=True)
+
+
+@test
+def combine_of_key_ranges_is_the_whole():
+    """Attention over two key ranges, merged, is attention over their union
+    (the cascade / context-parallel use)."""
+    prob = fa.Problem(rng_for("ranges"), heads_q=4, heads_kv=2, seqlen_q=30, seqlen_k=100,
+                      head_dim=64, causal=True)
+    args = prob.reference_args()
+    parts = [reference.forward(prob.q, prob.k, prob.v, keys=r, **args) for r in ((0, 37), (37, 100))]
+    status, o, lse = fa.combine("cpu", [p[0] for p in parts], [p[1] for p in parts], "f32", "f32")
+    ref_o, ref_lse = reference.forward(prob.q, prob.k, prob.v, **args)
+    assert status == fa.FA_OK
+    err = fa.rel_err(o, ref_o)
+    assert err < 1e-6, err
+    check_lse(lse, ref_lse)
+    return f"err {err:.1e}"
+
+
+# Forced split counts on decode shapes (Nq <= 16, GQA) and the library's own
+# choice; every mask; against the float64 reference.
+for nq, nk, splits, extra in ((1, 1, 3, {}), (1, 1000, 7, dict(causal=True)),
+                              (2, 1000, 64, dict(window=(100, 0))), (4, 65537, 0, {}),
+                              (8, 333, 2, dict(softcap=4.0, amplitude=3.0)),
+                              (16, 1000, 5, dict(causal=True, window=(40, -1))),
+                              (16, 7, 0, dict(causal=True)), (1, 4096, 0, {})):
+    case(f"fwd_split_{nq}x{nk}_s{splits}", forward_case, backends=("fa2",), heads_q=8,
+         heads_kv=2, seqlen_q=nq, seqlen_k=nk, head_dim=64, num_splits=splits, **extra)
+
+
+@test
+def fwd_split_threads_bitwise_equal():
+    """A decode forward that the library splits gives the same bits on any
+    thread count (the split count is a function of the problem)."""
+    prob = fa.Problem(rng_for("split_threads"), heads_q=4, heads_kv=1, seqlen_q=1,
+                      seqlen_k=5000, head_dim=64)
+    _, o1, l1 = prob.forward("fa2", threads=1)
+    _, o3, l3 = prob.forward("fa2", threads=3)
+    assert np.array_equal(o1, o3) and np.array_equal(l1, l3)
+
+
+def _bad_combine(mutate, expected):
+    """A valid merge with one thing wrong: the status is `expected`, o and lse untouched."""
+    b, n, h, d = 1, 4, 2, 16
+    parts = [fa.Tensor((b, n, h, d), "f32", values=np.ones((b, n, h, d))) for _ in range(2)]
+    lses = [np.zeros((b, h, n), np.float32) for _ in range(2)]
+    o = fa.Tensor((b, n, h, d), "f32", values=np.full((b, n, h, d), 7.0))
+    lse = np.full((b, h, n), 7.0, np.float32)
+    c = fa.CombineParams()
+    c.num_parts, c.batch, c.heads, c.seqlen, c.head_dim = 2, b, h, n, d
+    c.part_dtype = c.dtype = fa.DTYPES["f32"]
+    ptrs = (ctypes.c_void_p * 2)(*[t.ptr for t in parts])
+    lptrs = (ctypes.c_void_p * 2)(*[x.ctypes.data for x in lses])
+    c.o_parts = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
+    c.lse_parts = ctypes.cast(lptrs, ctypes.POINTER(ctypes.c_void_p))
+    c.o, c.lse = o.ptr, lse.ctypes.data
+    mutate(c, ptrs)
+    before = o.storage.copy()
+    status = fa.CPU.fa_cpu_combine(ctypes.byref(c), None)
+    assert status == fa.STATUS[expected], f"got {fa.status_name(status)}, expected {expected}"
+    assert np.array_equal(before, o.storage) and (lse == 7.0).all(), "an output was written"
+    return fa.CPU.fa_last_error_detail().decode()
+
+
+def _cset(**fields):
+    def mutate(c, ptrs):
+        for k, v in fields.items():
+            setattr(c, k, v)
+    return mutate
+
+
+def _null_part(c, ptrs):
+    ptrs[1] = None
+
+
+for name, mutate, expected in (
+        ("parts_0", _cset(num_parts=0), "FA_ERR_INVALID_ARGUMENT"),
+        ("parts_too_many", _cset(num_parts=129), "FA_ERR_INVALID_ARGUMENT"),
+        ("null_part", _null_part, "FA_ERR_NULL_POINTER"),
+        ("null_o", _cset(o=None), "FA_ERR_NULL_POINTER"),
+        ("part_dtype_mismatch", _cset(part_dtype=fa.DTYPES["f16"]), "FA_ERR_INVALID_ARGUMENT"),
+        ("heads_0", _cset(heads=0), "FA_ERR_INVALID_SIZE"),
+        ("o_rows_overlap", _cset(o_layout=fa.Layout(0, 8, 16)), "FA_ERR_INVALID_LAYOUT")):
+    case(f"bad_combine_{name}", _bad_combine, mutate, expected)
+
+
 # ---- backward coverage ------------------------------------------------------
 
 for d in (32, 64, 96, 128, 160, 256):
@@ -274,6 +391,10 @@ def params_struct_matches_ctypes_mirror():
     assert fa.CPU.fa_test_params_size() == ctypes.sizeof(fa.Params)
     for name, _ in fa.Params._fields_:
         assert fa.CPU.fa_test_params_offset(name.encode()) == getattr(fa.Params, name).offset, name
+    assert fa.CPU.fa_test_combine_params_size() == ctypes.sizeof(fa.CombineParams)
+    for name, _ in fa.CombineParams._fields_:
+        assert (fa.CPU.fa_test_combine_params_offset(name.encode()) ==
+                getattr(fa.CombineParams, name).offset), name
 
 
 @test
@@ -389,6 +510,8 @@ BAD_INPUTS = [
     ("scale_negative", _set(scale=-1.0), "FA_ERR_INVALID_ARGUMENT", False),
     ("scale_nan", _set(scale=float("nan")), "FA_ERR_INVALID_ARGUMENT", False),
     ("softcap_inf", _set(softcap=float("inf")), "FA_ERR_INVALID_ARGUMENT", True),
+    ("num_splits_negative", _set(num_splits=-1), "FA_ERR_INVALID_ARGUMENT", False),
+    ("num_splits_too_many", _set(num_splits=129), "FA_ERR_INVALID_ARGUMENT", False),
 ]
 for name, mutate, expected, backward in BAD_INPUTS:
     case(f"bad_input_{name}", _bad, mutate, expected, backward)

@@ -10,7 +10,7 @@ import numpy as np
 import fa
 import reference
 from harness import case, test, Skip
-from test_cpu import backward_case, forward_case, rng_for
+from test_cpu import backward_case, combine_case, forward_case, rng_for
 
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 
@@ -163,6 +163,62 @@ for d in (64, 128, 256):
          seqlen_k=257, head_dim=d, dtype="bf16", causal=True)
 case("gpu_fa1_fwd_window_softcap", gpu_fa1_forward, seqlen_q=100, seqlen_k=70, head_dim=64,
      dtype="f16", window=(10, 10), softcap=4.0)
+
+
+# The decode path (seqlen_q <= 16: GQA-packed rows, split-KV): query counts 1
+# to 16, key counts from 1 to 2^17 + 1, GQA groups 1 to 16, every mask,
+# split counts forced (1 = unsplit) and the library's own (0), head dims
+# beyond the three the issue names at least correct.
+DECODE_MASKS = ({}, dict(causal=True), dict(window=(100, 0)), dict(softcap=4.0, amplitude=3.0),
+                dict(causal=True, window=(40, -1)))
+for i, (nq, nk) in enumerate((nq, nk) for nq in (1, 2, 4, 8, 16) for nk in (1, 7, 1000, 65537)):
+    group = (1, 4, 8, 16)[i % 4]
+    splits = (0, 1, 3, 64, 0, 7)[i % 6]
+    d = (64, 128, 256)[i % 3]
+    extra = DECODE_MASKS[i % len(DECODE_MASKS)]
+    case(f"gpu_decode_q{nq}_k{nk}_g{group}_s{splits}_d{d}", gpu_forward, heads_q=2 * group,
+         heads_kv=2, seqlen_q=nq, seqlen_k=nk, head_dim=d, dtype=("bf16", "f16")[i % 2],
+         num_splits=splits, **extra)
+for nq, group, extra in ((1, 8, {}), (16, 4, dict(causal=True))):
+    case(f"gpu_decode_q{nq}_k131072_g{group}", gpu_forward, heads_q=2 * group, heads_kv=2,
+         seqlen_q=nq, seqlen_k=131072, head_dim=128, dtype="bf16", **extra)
+for d in (32, 96, 160, 192):
+    case(f"gpu_decode_d{d}", gpu_forward, batch=3, heads_q=8, heads_kv=2, seqlen_q=5,
+         seqlen_k=777, head_dim=d, dtype="bf16", causal=True)
+case("gpu_decode_many_ctas_bhsd", gpu_forward, batch=40, heads_q=12, heads_kv=3, seqlen_q=3,
+     seqlen_k=300, head_dim=128, dtype="f16", layout="bhsd", num_splits=2)
+case("gpu_small_decode_split", gpu_forward, heads_q=8, heads_kv=2, seqlen_q=2, seqlen_k=3000,
+     head_dim=64, dtype="bf16", num_splits=5, causal=True)
+for dtype, part_dtype in (("bf16", "f32"), ("f16", "f16"), ("f32", "f32")):
+    case(f"gpu_combine_{dtype}_parts_{part_dtype}", lambda dt=dtype, pdt=part_dtype:
+         (need_gpu(), combine_case("gpu", dt, pdt, parts=5))[1])
+case("gpu_combine_in_place_many", lambda: (need_gpu(), combine_case(
+    "gpu", "f32", "f32", parts=70, in_place=True, layout="padded"))[1])
+
+
+@test
+def gpu_decode_path_is_taken():
+    """fa_cuda_forward_algorithm says 4 (decode) for seqlen_q <= 16, not above."""
+    lib = need_gpu()
+    prob = fa.Problem(rng_for("dec_dispatch"), heads_q=8, heads_kv=2, seqlen_q=16, seqlen_k=100,
+                      head_dim=128, dtype="bf16")
+    t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in ("q", "k", "v", "o")}
+    p = prob.params(t)
+    assert lib.fa_cuda_forward_algorithm(ctypes.byref(p)) == 4
+    p.seqlen_q = 17
+    assert lib.fa_cuda_forward_algorithm(ctypes.byref(p)) in (2, 3)
+
+
+@test
+def gpu_decode_is_bitwise_stable():
+    """The same split count gives the same bits run after run."""
+    need_gpu()
+    prob = fa.Problem(rng_for("dec_det"), heads_q=16, heads_kv=4, seqlen_q=4, seqlen_k=9000,
+                      head_dim=128, dtype="bf16", num_splits=9)
+    first = prob.forward("gpu")
+    for _ in range(4):
+        again = prob.forward("gpu")
+        assert np.array_equal(first[1], again[1]) and np.array_equal(first[2], again[2])
 
 
 # As on GPUs that allow less shared memory per block than the H200 (the
@@ -368,3 +424,32 @@ def gpu_bad_workspace_too_small():
         p.head_dim = 48  # then let the wrapper's own call fail cleanly too
 
     return _gpu_status(shrink, "FA_ERR_UNSUPPORTED", True)
+
+
+def _decode_status(mutate, expected, ws_size=None):
+    need_gpu()
+    prob = fa.Problem(rng_for("dec_bad"), heads_q=8, heads_kv=2, seqlen_q=2, seqlen_k=3000,
+                      head_dim=64, dtype="bf16", num_splits=8)
+    t = {n: prob.tensor(n, getattr(prob, n)) for n in ("q", "k", "v")}
+    t["o"] = prob.tensor("o", np.full(prob._shape("o"), 7.0))
+    t["lse"] = np.full((1, 8, 2), 7.0, np.float32)
+    p = prob.params(t)
+    mutate(p)
+    before, lse_before = t["o"].storage.copy(), t["lse"].copy()
+    if ws_size is None:
+        status = fa.GPU.fa_test_gpu_forward(ctypes.byref(p))
+    else:
+        need = fa.GPU.fa_test_gpu_forward_workspace_size(ctypes.byref(p))
+        assert need > 0
+        status = fa.GPU.fa_test_gpu_forward_workspace(ctypes.byref(p), ws_size(need))
+    assert status == fa.STATUS[expected], f"got {fa.status_name(status)}, expected {expected}"
+    assert np.array_equal(before, t["o"].storage) and np.array_equal(lse_before, t["lse"])
+    return fa.GPU.fa_last_error_detail().decode()
+
+
+case("gpu_bad_split_workspace_too_small", _decode_status, lambda p: None, "FA_ERR_WORKSPACE",
+     lambda need: need - 16)
+case("gpu_bad_split_no_workspace", _decode_status, lambda p: None, "FA_ERR_WORKSPACE",
+     lambda need: 0)
+case("gpu_bad_split_negative", _decode_status, _field(num_splits=-3), "FA_ERR_INVALID_ARGUMENT")
+case("gpu_bad_split_long_queries", _decode_status, _field(seqlen_q=17), "FA_ERR_UNSUPPORTED")

@@ -2285,6 +2285,7 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     /* this thread's rows: packed rows my_row, my_row + 8 of its warp's row tile */
     const int my_row = r0 + 16 * rt + (lane >> 2);
     float o[DW / 8][4], m_run[2], l_run[2];
+    uint32_t qa[D / 16][4]; /* this warp's row tile of Q as A fragments */
     int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
 
     fa_i_rows_key_span(&p, t_first, t_last + 1, &first_lo, &last_hi);
@@ -2319,6 +2320,10 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
                           LD, tid, NT);
         fa_i_cp_async_commit();
     }
+    FA_I_CP_ASYNC_WAIT(STAGES - 2); /* Q has landed (the first commit group) */
+    __syncthreads();
+#pragma unroll
+    for (i = 0; i < D / 16; ++i) FA_I_LOAD_A(qa[i], sq, LD, 16 * rt, 16 * i);
     for (n = n_begin; n < n_end; ++n) {
         const int stage = (n - n_begin) % STAGES, c_tile = n * BN;
         const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
@@ -2340,11 +2345,10 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
             fa_i_zero_acc(s, 2);
 #pragma unroll
             for (i = 0; i < D / 16; ++i) { /* S = Q K^T over the slice */
-                uint32_t qa[4], kb[4];
-                FA_I_LOAD_A(qa, sq, LD, 16 * rt, 16 * i);
+                uint32_t kb[4];
                 FA_I_LOAD_B_NK(kb, skt, LD, 16 * j, 16 * i);
-                fa_i_mma(s[0], qa, kb[0], kb[1], BF16);
-                fa_i_mma(s[1], qa, kb[2], kb[3], BF16);
+                fa_i_mma(s[0], qa[i], kb[0], kb[1], BF16);
+                fa_i_mma(s[1], qa[i], kb[2], kb[3], BF16);
             }
             if (p.softcap > 0.0f)
 #pragma unroll
@@ -2476,9 +2480,9 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
 
 /* >> combine ==================================================================
    Partial results merged by LSE (fa_cuda_combine, and split-KV's second
-   kernel): one warp per query row reads every part's LSE, then every part's
-   row, before it writes o's row, so o may be o_parts[0] (same dtype and
-   layout). */
+   kernel): one warp per 32 columns of a query row reads every part's LSE,
+   then every part's columns, before it writes o's, so o may be o_parts[0]
+   (same dtype and layout). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS)
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
@@ -2491,14 +2495,22 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
     fa_i_combine(const fa_combine_params p, const fa_i_combine_args a)
 {
     __shared__ float weights[FA_I_COMBINE_THREADS / 32][FA_MAX_PARTS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row = (int64_t)blockIdx.x * (FA_I_COMBINE_THREADS / 32) + warp;
-    const int h = (int)(row % p.heads), n = (int)(row / p.heads % p.seqlen);
-    const int b = (int)(row / ((int64_t)p.heads * p.seqlen));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = (p.head_dim + 31) / 32;
+    const int64_t task = (int64_t)blockIdx.x * (FA_I_COMBINE_THREADS / 32) + warp;
+    int64_t row;
+    int c, h, n, b, i;
+    if (task <= 0x7fffffff) { /* 32-bit divisions: 64-bit ones are calls */
+        const uint32_t t = (uint32_t)task, r = t / (uint32_t)chunks, hn = r / (uint32_t)p.heads;
+        row = r, c = (int)(t - r * (uint32_t)chunks), h = (int)(r - hn * (uint32_t)p.heads);
+        n = (int)(hn % (uint32_t)p.seqlen), b = (int)(hn / (uint32_t)p.seqlen);
+    } else {
+        row = task / chunks, c = (int)(task % chunks), h = (int)(row % p.heads);
+        n = (int)(row / p.heads % p.seqlen), b = (int)(row / ((int64_t)p.heads * p.seqlen));
+    }
+    c = 32 * c + lane; /* this lane's column */
     const int64_t lse_at = ((int64_t)b * p.heads + h) * p.seqlen + n;
-    const int64_t at = fa_i_dev_offset(&p.part_layout, b, h, n);
-    float *w = weights[warp], mx = -INFINITY, sum = 0.0f;
-    int i, c;
+    const int64_t at = fa_i_dev_offset(&p.part_layout, b, h, n) + c;
+    float *w = weights[warp], mx = -INFINITY, sum = 0.0f, acc = 0.0f;
     if (row >= (int64_t)p.batch * p.heads * p.seqlen) return;
     for (i = lane; i < p.num_parts; i += 32) mx = fmaxf(mx, a.lse[i][lse_at]);
     for (i = 16; i > 0; i >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, i));
@@ -2507,19 +2519,20 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
         w[i] = lse == -INFINITY ? 0.0f : expf(lse - mx);
     }
     __syncwarp();
-    for (i = 0; i < p.num_parts; ++i) sum += w[i];
-    for (c = lane; c < p.head_dim; c += 32) {
-        float acc = 0.0f;
-        for (i = 0; i < p.num_parts; ++i)
-            if (w[i] > 0.0f) acc += w[i] * fa_i_load_any(a.o[i], at + c, p.part_dtype);
-        acc = sum > 0.0f ? acc / sum : 0.0f;
+    for (i = 0; i < p.num_parts; ++i) {
+        sum += w[i];
+        if (w[i] > 0.0f && c < p.head_dim) acc += w[i] * fa_i_load_any(a.o[i], at, p.part_dtype);
+    }
+    acc = sum > 0.0f ? __fdividef(acc, sum) : 0.0f; /* sum >= 1: its largest weight is 1 */
+    if (c < p.head_dim) {
+        const int64_t to = fa_i_dev_offset(&p.o_layout, b, h, n) + c;
         if (p.dtype == FA_DTYPE_F32)
-            ((float *)p.o)[fa_i_dev_offset(&p.o_layout, b, h, n) + c] = acc;
+            ((float *)p.o)[to] = acc;
         else
-            fa_i_store16(p.o, fa_i_dev_offset(&p.o_layout, b, h, n) + c, acc, p.dtype == FA_DTYPE_BF16);
+            fa_i_store16(p.o, to, acc, p.dtype == FA_DTYPE_BF16);
     }
     __syncwarp(); /* every lane has read the parts' LSE: lse may be lse_parts[0] */
-    if (lane == 0 && p.lse) p.lse[lse_at] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    if (lane == 0 && c == 0 && p.lse) p.lse[lse_at] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 #endif /* >> combine */
 
@@ -3987,9 +4000,9 @@ FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
 /* The decode kernel's key splits for base_ctas CTAs of (row block, kv
    head, batch): num_splits where the caller forces it, else 1 where the
    CTAs already fill 80% of the device (its SMs times the CTAs an SM holds),
-   else the fewest splits whose waves are at least 85% as full as the
-   fullest split count's (FlashAttention's heuristic), with at least two key
-   tiles per split. */
+   else the fewest splits whose waves are at least 95% as full as the
+   fullest split count's (FlashAttention's heuristic, at 95% where it has
+   85%: DESIGN.md, decode), with at least two key tiles per split. */
 static int fa_i_decode_splits(const fa_params *p, const fa_i_kernel *k, int64_t base_ctas,
                               const fa_i_device *dev)
 {
@@ -4012,7 +4025,7 @@ static int fa_i_decode_splits(const fa_params *p, const fa_i_kernel *k, int64_t 
         eff[s] = (double)ctas / (double)(waves * capacity);
         if (eff[s] > best) best = eff[s];
     }
-    for (s = 1; s < most && eff[s] < 0.85 * best; ++s) {
+    for (s = 1; s < most && eff[s] < 0.95 * best; ++s) {
     }
     return s;
 }
@@ -4109,9 +4122,9 @@ FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
 static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_args *args,
                                      cudaStream_t stream)
 {
-    const int64_t rows = (int64_t)c->batch * c->heads * c->seqlen;
+    const int64_t warps = (int64_t)c->batch * c->heads * c->seqlen * ((c->head_dim + 31) / 32);
     return fa_i_launch((const void *)fa_i_combine,
-                       dim3(fa_i_blocks(rows, FA_I_COMBINE_THREADS / 32)), FA_I_COMBINE_THREADS, 0,
+                       dim3(fa_i_blocks(warps, FA_I_COMBINE_THREADS / 32)), FA_I_COMBINE_THREADS, 0,
                        stream, c, args);
 }
 

@@ -308,8 +308,9 @@ def load_gpu(name):
         lib.fa_test_gpu_backward_workspace_size.restype = ctypes.c_size_t
         lib.fa_cuda_backward_workspace_size.restype = ctypes.c_size_t
         lib.fa_test_gpu_backward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib.fa_test_gpu_forward_workspace_size.restype = ctypes.c_size_t
-        lib.fa_test_gpu_forward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        if hasattr(lib, "fa_test_gpu_forward_workspace"):  # builds before 0.2 lack it (A/B)
+            lib.fa_test_gpu_forward_workspace_size.restype = ctypes.c_size_t
+            lib.fa_test_gpu_forward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return lib
 
 

@@ -434,7 +434,7 @@ def _decode_status(mutate, expected, ws_size=None):
     t["o"] = prob.tensor("o", np.full(prob._shape("o"), 7.0))
     t["lse"] = np.full((1, 8, 2), 7.0, np.float32)
     p = prob.params(t)
-    mutate(p)
+    mutate(p, t)
     before, lse_before = t["o"].storage.copy(), t["lse"].copy()
     if ws_size is None:
         status = fa.GPU.fa_test_gpu_forward(ctypes.byref(p))

@@ -3989,13 +3989,6 @@ static int fa_i_fa3_bwd_ready(const fa_params *p, const fa_i_kernel *k,
 
 static size_t fa_i_round4(size_t n) { return (n + 3) / 4 * 4; }
 
-FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
-{
-    fa_params p;
-    const fa_i_kernels *k = NULL;
-    fa_i_device dev;
-    return fa_i_cuda_check(params, pass, &p, &k, &dev);
-}
 
 /* The decode kernel's key splits for base_ctas CTAs of (row block, kv
    head, batch): num_splits where the caller forces it, else 1 where the
@@ -4196,6 +4189,16 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t s
         parts.lse[i] = c.lse_parts[i];
     }
     return fa_i_launch_combine(&c, &parts, stream);
+}
+
+FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
+{
+    fa_params p;
+    const fa_i_kernels *k = NULL;
+    fa_i_device dev;
+    fa_i_forward_plan plan;
+    if (pass == FA_PASS_FORWARD) return fa_i_plan_forward(params, (size_t)-1, &plan);
+    return fa_i_cuda_check(params, pass, &p, &k, &dev);
 }
 
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)

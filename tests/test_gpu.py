@@ -426,13 +426,13 @@ def gpu_bad_workspace_too_small():
     return _gpu_status(shrink, "FA_ERR_UNSUPPORTED", True)
 
 
-def _decode_status(mutate, expected, ws_size=None):
+def _decode_status(mutate, expected, ws_size=None, seqlen_q=2):
     need_gpu()
-    prob = fa.Problem(rng_for("dec_bad"), heads_q=8, heads_kv=2, seqlen_q=2, seqlen_k=3000,
-                      head_dim=64, dtype="bf16", num_splits=8)
+    prob = fa.Problem(rng_for("dec_bad"), heads_q=8, heads_kv=2, seqlen_q=seqlen_q,
+                      seqlen_k=3000, head_dim=64, dtype="bf16", num_splits=8)
     t = {n: prob.tensor(n, getattr(prob, n)) for n in ("q", "k", "v")}
     t["o"] = prob.tensor("o", np.full(prob._shape("o"), 7.0))
-    t["lse"] = np.full((1, 8, 2), 7.0, np.float32)
+    t["lse"] = np.full((1, 8, seqlen_q), 7.0, np.float32)
     p = prob.params(t)
     mutate(p, t)
     before, lse_before = t["o"].storage.copy(), t["lse"].copy()
@@ -447,9 +447,9 @@ def _decode_status(mutate, expected, ws_size=None):
     return fa.GPU.fa_last_error_detail().decode()
 
 
-case("gpu_bad_split_workspace_too_small", _decode_status, lambda p: None, "FA_ERR_WORKSPACE",
+case("gpu_bad_split_workspace_too_small", _decode_status, _field(), "FA_ERR_WORKSPACE",
      lambda need: need - 16)
-case("gpu_bad_split_no_workspace", _decode_status, lambda p: None, "FA_ERR_WORKSPACE",
+case("gpu_bad_split_no_workspace", _decode_status, _field(), "FA_ERR_WORKSPACE",
      lambda need: 0)
 case("gpu_bad_split_negative", _decode_status, _field(num_splits=-3), "FA_ERR_INVALID_ARGUMENT")
-case("gpu_bad_split_long_queries", _decode_status, _field(seqlen_q=17), "FA_ERR_UNSUPPORTED")
+case("gpu_bad_split_long_queries", _decode_status, _field(), "FA_ERR_UNSUPPORTED", seqlen_q=17)

@@ -262,10 +262,20 @@ typedef enum fa_cpu_order {
     FA_CPU_ORDER_FA1 = 1  /* key/value blocks outer, O/m/l state carried (FlashAttention 1) */
 } fa_cpu_order;
 
+/* A set of worker threads created once and reused by every call given it
+   (fa_cpu_options.pool), so that small calls pay no thread start-up. A pool
+   runs one call at a time; calls from other threads wait their turn. */
+typedef struct fa_cpu_pool fa_cpu_pool;
+
 typedef struct fa_cpu_options {
-    int num_threads;      /* 0 = 1; ignored with FA_NO_THREADS */
+    int num_threads;      /* 0 = 1; ignored with FA_NO_THREADS, and where pool is set */
     fa_cpu_order order;   /* forward loop order */
+    fa_cpu_pool *pool;    /* optional: run on this pool's threads (and the caller's) */
 } fa_cpu_options;
+
+/* Most threads a call uses (more asked for: this many) or a pool holds,
+   the caller's included. */
+#define FA_MAX_THREADS 64
 
 FA_API const char *fa_status_string(fa_status status);
 /* Detail of the last error on the calling thread ("" when none). */
@@ -289,6 +299,13 @@ FA_API uint16_t fa_f32_to_bf16(float f);
    backward reads q, k, v, o, lse, dout and writes dq, dk, dv. */
 FA_API fa_status fa_cpu_forward(const fa_params *p, const fa_cpu_options *opt);
 FA_API fa_status fa_cpu_backward(const fa_params *p, const fa_cpu_options *opt);
+/* A pool of num_threads threads in all (1 .. FA_MAX_THREADS; the calling
+   thread is one of them): *pool is set on FA_OK. With FA_NO_THREADS a pool
+   runs everything on the caller. */
+FA_API fa_status fa_cpu_pool_create(int num_threads, fa_cpu_pool **pool);
+/* Joins the pool's threads and frees it (NULL: nothing); no call may be
+   using it. */
+FA_API void fa_cpu_pool_destroy(fa_cpu_pool *pool);
 /* Merges partial results (fa_combine_params); host pointers. */
 FA_API fa_status fa_cpu_combine(const fa_combine_params *p, const fa_cpu_options *opt);
 /* Validates p and writes the resolved copy (layouts filled in) to *resolved
@@ -334,6 +351,25 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 
 #ifndef FA_NO_THREADS
 #include <pthread.h>
+#endif
+
+/* The CPU path's SIMD kernels: 1 where the compiler targets AVX2 and FMA
+   (-march=native, or -mavx2 -mfma), else 0, the portable C kernels. */
+#ifndef FA_CPU_SIMD
+#if defined(__AVX2__) && defined(__FMA__)
+#define FA_CPU_SIMD 1
+#else
+#define FA_CPU_SIMD 0
+#endif
+#endif
+#if FA_CPU_SIMD
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "flashattn: FA_CPU_SIMD 1 needs AVX2 and FMA (-mavx2 -mfma, or -march=native)"
+#endif
+#if FA_CPU_BLOCK_N % 16 != 0
+#error "flashattn: with FA_CPU_SIMD, FA_CPU_BLOCK_N must be a multiple of 16"
+#endif
+#include <immintrin.h>
 #endif
 
 #ifdef __cplusplus
@@ -438,20 +474,41 @@ FA_API uint16_t fa_f32_to_bf16(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* dst[i] = mul * src[i] for n elements of a row. */
+/* dst[i] = mul * src[i] for n elements of a row (8 at a time where SIMD is). */
 static void fa_i_load_row(float *FA_RESTRICT dst, const void *base, int64_t offset, int n,
                           fa_dtype dtype, float mul)
 {
-    int i;
+    int i = 0;
+#if FA_CPU_SIMD
+    const __m256 m = _mm256_set1_ps(mul);
     if (dtype == FA_DTYPE_F32) {
         const float *src = (const float *)base + offset;
-        for (i = 0; i < n; ++i) dst[i] = mul * src[i];
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(m, _mm256_loadu_ps(src + i)));
+    } else if (dtype == FA_DTYPE_BF16) {
+        const uint16_t *src = (const uint16_t *)base + offset;
+        for (; i + 8 <= n; i += 8) {
+            const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(m, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16))));
+        }
+    }
+#if defined(__F16C__)
+    else if (dtype == FA_DTYPE_F16) {
+        const uint16_t *src = (const uint16_t *)base + offset;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(m, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                          (const __m128i *)(src + i)))));
+    }
+#endif
+#endif
+    if (dtype == FA_DTYPE_F32) {
+        const float *src = (const float *)base + offset;
+        for (; i < n; ++i) dst[i] = mul * src[i];
     } else if (dtype == FA_DTYPE_F16) {
         const uint16_t *src = (const uint16_t *)base + offset;
-        for (i = 0; i < n; ++i) dst[i] = mul * fa_f16_to_f32(src[i]);
+        for (; i < n; ++i) dst[i] = mul * fa_f16_to_f32(src[i]);
     } else {
         const uint16_t *src = (const uint16_t *)base + offset;
-        for (i = 0; i < n; ++i) dst[i] = mul * fa_i_bits_to_f32((uint32_t)src[i] << 16);
+        for (; i < n; ++i) dst[i] = mul * fa_i_bits_to_f32((uint32_t)src[i] << 16);
     }
 }
 
@@ -609,10 +666,22 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
     return FA_OK;
 }
 
-/* ---- CPU math kernels ---------------------------------------------------- */
+/* ---- CPU math kernels ----------------------------------------------------------
+   Tiles live in fp32 scratch with rows of FA_I_PAD(n) floats. With
+   FA_CPU_SIMD (AVX2 + FMA, on where the compiler targets them) the products
+   run on register-blocked microkernels over whole 16-float column blocks,
+   so every N a product takes is padded (zeros in the padding) and the
+   exps, row maxima and 16-bit loads are vectorized; without it the
+   portable C kernels run (and are the tests' oracle for the SIMD ones). */
+#if FA_CPU_SIMD
+#define FA_I_PAD(n) (((n) + 15) / 16 * 16)
+#else
+#define FA_I_PAD(n) (n)
+#endif
 
-/* 2^x for x <= 0 (exact 0 below -126, including -inf); vectorizes. Cephes
-   exp2f polynomial on [-0.5, 0.5], relative error about 2e-7. */
+/* 2^x for x <= 0 (exact 0 below -126, including -inf). Cephes exp2f
+   polynomial on [-0.5, 0.5]: at most 2 ulp from exp2 over [-126, 0] (a
+   test measures it), the vector form below computing the same operations. */
 static float fa_i_exp2(float x)
 {
     float xi, f, poly;
@@ -630,10 +699,104 @@ static float fa_i_exp2(float x)
     return keep ? poly * fa_i_bits_to_f32((uint32_t)((int32_t)xi + 127) << 23) : 0.0f;
 }
 
+#if FA_CPU_SIMD
+static __m256 fa_i_exp2_v(__m256 x)
+{
+    const __m256 lowest = _mm256_set1_ps(-126.0f);
+    const __m256 keep = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
+    __m256 xi, f, poly;
+    x = _mm256_max_ps(x, lowest);
+    xi = _mm256_floor_ps(_mm256_add_ps(x, _mm256_set1_ps(0.5f)));
+    f = _mm256_sub_ps(x, xi);
+    poly = _mm256_set1_ps(1.535336188319500e-4f);
+    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.339887440266574e-3f));
+    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(9.618437357674640e-3f));
+    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(5.550332471162809e-2f));
+    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(2.402264791363012e-1f));
+    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(6.931472028550421e-1f));
+    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.0f));
+    poly = _mm256_mul_ps(poly, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                   _mm256_add_epi32(_mm256_cvtps_epi32(xi), _mm256_set1_epi32(127)), 23)));
+    return _mm256_and_ps(poly, keep);
+}
+
+static float fa_i_hsum(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static float fa_i_hmax(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* C[R][16] (+)= A[R][K] B[K][16] (row-major, leading dimensions): the R x 16
+   block of C in 2 R ymm registers (R <= 6: 12 of AVX2's 16, beside B's two
+   and a broadcast), K streaming past. The accumulators are named variables,
+   not an array: GCC keeps an array in memory and stores it every step. One
+   macro stamps the row counts. */
+#define FA_I_UK_ROWS_1(X) X(0)
+#define FA_I_UK_ROWS_2(X) X(0) X(1)
+#define FA_I_UK_ROWS_3(X) X(0) X(1) X(2)
+#define FA_I_UK_ROWS_4(X) X(0) X(1) X(2) X(3)
+#define FA_I_UK_ROWS_5(X) X(0) X(1) X(2) X(3) X(4)
+#define FA_I_UK_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define FA_I_UK_DECL(r) __m256 c##r##0, c##r##1;
+#define FA_I_UK_INIT(r)                                                                        \
+    c##r##0 = accumulate ? _mm256_loadu_ps(c + (size_t)(r) * ldc) : _mm256_setzero_ps();      \
+    c##r##1 = accumulate ? _mm256_loadu_ps(c + (size_t)(r) * ldc + 8) : _mm256_setzero_ps();
+#define FA_I_UK_FMA(r)                                                                         \
+    {                                                                                          \
+        const __m256 x_ = _mm256_broadcast_ss(a + (size_t)(r) * lda + k);                       \
+        c##r##0 = _mm256_fmadd_ps(x_, b0, c##r##0);                                            \
+        c##r##1 = _mm256_fmadd_ps(x_, b1, c##r##1);                                            \
+    }
+#define FA_I_UK_STORE(r)                                                                       \
+    _mm256_storeu_ps(c + (size_t)(r) * ldc, c##r##0);                                          \
+    _mm256_storeu_ps(c + (size_t)(r) * ldc + 8, c##r##1);
+#define FA_I_DEFINE_UKERNEL(R)                                                                 \
+    static void fa_i_ukernel_##R(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a,     \
+                                 int lda, const float *FA_RESTRICT b, int ldb, int K,          \
+                                 int accumulate)                                              \
+    {                                                                                          \
+        FA_I_UK_ROWS_##R(FA_I_UK_DECL) int k;                                                  \
+        FA_I_UK_ROWS_##R(FA_I_UK_INIT)                                                         \
+        for (k = 0; k < K; ++k) {                                                              \
+            const __m256 b0 = _mm256_loadu_ps(b + (size_t)k * ldb);                             \
+            const __m256 b1 = _mm256_loadu_ps(b + (size_t)k * ldb + 8);                         \
+            FA_I_UK_ROWS_##R(FA_I_UK_FMA)                                                      \
+        }                                                                                      \
+        FA_I_UK_ROWS_##R(FA_I_UK_STORE)                                                        \
+    }
+FA_I_DEFINE_UKERNEL(6)
+FA_I_DEFINE_UKERNEL(5)
+FA_I_DEFINE_UKERNEL(4)
+FA_I_DEFINE_UKERNEL(3)
+FA_I_DEFINE_UKERNEL(2)
+FA_I_DEFINE_UKERNEL(1)
+#undef FA_I_DEFINE_UKERNEL
+#undef FA_I_UK_ROWS_1
+#undef FA_I_UK_ROWS_2
+#undef FA_I_UK_ROWS_3
+#undef FA_I_UK_ROWS_4
+#undef FA_I_UK_ROWS_5
+#undef FA_I_UK_ROWS_6
+#undef FA_I_UK_DECL
+#undef FA_I_UK_INIT
+#undef FA_I_UK_FMA
+#undef FA_I_UK_STORE
+#endif /* FA_CPU_SIMD */
+
+#if !FA_CPU_SIMD
 /* fa_i_matmul_<R>: C[R x N] += A[R x K] * B[K x N], row-major with leading
-   dimensions. An R x FA_I_NR block of C stays in vector registers (every
-   trip count is a constant) while K streams past. One macro stamps out the
-   row counts fa_i_matmul uses. */
+   dimensions, the portable kernel: an R x FA_I_NR block of C in an array
+   the compiler may keep in registers while K streams past. */
 #define FA_I_NR 32
 #define FA_I_DEFINE_MATMUL_ROWS(R)                                                            \
     static void fa_i_matmul_##R(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a,     \
@@ -666,19 +829,41 @@ FA_I_DEFINE_MATMUL_ROWS(4)
 FA_I_DEFINE_MATMUL_ROWS(1)
 #undef FA_I_DEFINE_MATMUL_ROWS
 #undef FA_I_NR
+#endif /* !FA_CPU_SIMD */
 
-/* C[M x N] += A[M x K] * B[K x N]: blocks of 8 rows (16 of AVX-512's 32
-   vector registers hold C), then 4, then single rows. */
-static void fa_i_matmul(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a, int lda,
-                        const float *FA_RESTRICT b, int ldb, int M, int N, int K)
+/* C[M x N] (+)= A[M x K] * B[K x N] (accumulate 0: C = A B). SIMD: 16-column
+   blocks of C outer (B's block, K x 64 bytes, stays in L1 while the rows of
+   A stream past), 6-row microkernels inner; N must be a multiple of 16
+   (FA_I_PAD). Portable: blocks of 8 rows, then 4, then single rows. */
+static void fa_i_gemm(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a, int lda,
+                      const float *FA_RESTRICT b, int ldb, int M, int N, int K, int accumulate)
 {
-    int i = 0;
-    for (; i + 8 <= M; i += 8)
+    int i, n;
+#if FA_CPU_SIMD
+    for (n = 0; n < N; n += 16)
+        for (i = 0; i < M;) {
+            float *ci = c + (size_t)i * ldc + n;
+            const float *ai = a + (size_t)i * lda, *bn = b + n;
+            switch (M - i < 6 ? M - i : 6) {
+            case 6: fa_i_ukernel_6(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 6; break;
+            case 5: fa_i_ukernel_5(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 5; break;
+            case 4: fa_i_ukernel_4(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 4; break;
+            case 3: fa_i_ukernel_3(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 3; break;
+            case 2: fa_i_ukernel_2(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 2; break;
+            default: fa_i_ukernel_1(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 1; break;
+            }
+        }
+#else
+    if (!accumulate)
+        for (i = 0; i < M; ++i)
+            for (n = 0; n < N; ++n) c[(size_t)i * ldc + n] = 0.0f;
+    for (i = 0; i + 8 <= M; i += 8)
         fa_i_matmul_8(c + (size_t)i * ldc, ldc, a + (size_t)i * lda, lda, b, ldb, N, K);
     for (; i + 4 <= M; i += 4)
         fa_i_matmul_4(c + (size_t)i * ldc, ldc, a + (size_t)i * lda, lda, b, ldb, N, K);
     for (; i < M; ++i)
         fa_i_matmul_1(c + (size_t)i * ldc, ldc, a + (size_t)i * lda, lda, b, ldb, N, K);
+#endif
 }
 
 /* dst[c][r] = src[r][c] for an R x C tile. */
@@ -690,24 +875,32 @@ static void fa_i_transpose(float *FA_RESTRICT dst, int ldd, const float *FA_REST
         for (c = 0; c < C; ++c) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
 }
 
-/* Loads rows [r0, r0 + rows) of one head, scaled by mul, into dst[rows][d]. */
-static void fa_i_load_tile(float *dst, const void *base, const fa_layout *l, int b, int h,
-                           int r0, int rows, int d, fa_dtype dtype, float mul)
+/* Loads rows [r0, r0 + rows) of one head, scaled by mul, into dst[rows][ld]
+   (d values, then zeros up to ld). */
+static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout *l, int b,
+                           int h, int r0, int rows, int d, fa_dtype dtype, float mul)
 {
-    int r;
-    for (r = 0; r < rows; ++r)
-        fa_i_load_row(dst + (size_t)r * d, base, fa_i_offset(l, b, h, r0 + r), d, dtype, mul);
+    int r, c;
+    for (r = 0; r < rows; ++r) {
+        float *row = dst + (size_t)r * ld;
+        fa_i_load_row(row, base, fa_i_offset(l, b, h, r0 + r), d, dtype, mul);
+        for (c = d; c < ld; ++c) row[c] = 0.0f;
+    }
 }
 
-/* Loads key rows [c0, c0 + cols) transposed into kt[d][FA_CPU_BLOCK_N]. */
-static void fa_i_load_kt(float *kt, float *row, const fa_params *p, int b, int hk, int c0, int cols)
+/* Loads key rows [c0, c0 + cols) transposed into kt[ld rows][FA_CPU_BLOCK_N]
+   (head-dim rows past d and key columns past cols as zeros). row: d floats. */
+static void fa_i_load_kt(float *kt, int ld, float *row, const fa_params *p, int b, int hk, int c0,
+                         int cols)
 {
+    const int d = p->head_dim;
     int c, i;
     for (c = 0; c < cols; ++c) {
-        fa_i_load_row(row, p->k, fa_i_offset(&p->k_layout, b, hk, c0 + c), p->head_dim, p->dtype,
-                      1.0f);
-        for (i = 0; i < p->head_dim; ++i) kt[(size_t)i * FA_CPU_BLOCK_N + c] = row[i];
+        fa_i_load_row(row, p->k, fa_i_offset(&p->k_layout, b, hk, c0 + c), d, p->dtype, 1.0f);
+        for (i = 0; i < d; ++i) kt[(size_t)i * FA_CPU_BLOCK_N + c] = row[i];
     }
+    for (i = 0; i < ld; ++i)
+        for (c = i < d ? cols : 0; c < FA_CPU_BLOCK_N; ++c) kt[(size_t)i * FA_CPU_BLOCK_N + c] = 0.0f;
 }
 
 /* Turns raw logits of a tile (already scaled) into base-2 scores: softcap,
@@ -742,8 +935,18 @@ static float fa_i_q_multiplier(const fa_params *p)
 static float fa_i_exp_row(float *row, int n, float max)
 {
     float sum = 0.0f;
-    int c;
-    for (c = 0; c < n; ++c) {
+    int c = 0;
+#if FA_CPU_SIMD
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 m = _mm256_set1_ps(max);
+    for (; c + 8 <= n; c += 8) {
+        const __m256 e = fa_i_exp2_v(_mm256_sub_ps(_mm256_loadu_ps(row + c), m));
+        _mm256_storeu_ps(row + c, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = fa_i_hsum(acc);
+#endif
+    for (; c < n; ++c) {
         row[c] = fa_i_exp2(row[c] - max);
         sum += row[c];
     }
@@ -753,9 +956,25 @@ static float fa_i_exp_row(float *row, int n, float max)
 static float fa_i_row_max(const float *row, int n, float init)
 {
     float m = init;
-    int c;
-    for (c = 0; c < n; ++c) m = row[c] > m ? row[c] : m;
+    int c = 0;
+#if FA_CPU_SIMD
+    __m256 v = _mm256_set1_ps(init);
+    for (; c + 8 <= n; c += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(row + c));
+    m = fa_i_hmax(v);
+#endif
+    for (; c < n; ++c) m = row[c] > m ? row[c] : m;
     return m;
+}
+
+/* row[0 .. n) *= x */
+static void fa_i_scale_row(float *row, int n, float x)
+{
+    int c = 0;
+#if FA_CPU_SIMD
+    const __m256 v = _mm256_set1_ps(x);
+    for (; c + 8 <= n; c += 8) _mm256_storeu_ps(row + c, _mm256_mul_ps(_mm256_loadu_ps(row + c), v));
+#endif
+    for (; c < n; ++c) row[c] *= x;
 }
 
 /* ---- a tiny task pool ----------------------------------------------------- */
@@ -816,28 +1035,126 @@ static void *fa_i_worker(void *arg)
     return NULL;
 }
 
-/* Runs every task of the job on num_threads threads (the caller's included). */
-static fa_status fa_i_run_job(fa_i_job *job, int num_threads)
+struct fa_cpu_pool {
+    int workers; /* threads besides the caller's */
+#ifndef FA_NO_THREADS
+    pthread_t threads[FA_MAX_THREADS];
+    pthread_mutex_t lock, call; /* lock: the fields below; call: one job at a time */
+    pthread_cond_t wake, done;
+    fa_i_job *job;
+    unsigned generation; /* counts the jobs handed out */
+    int running, quit;   /* workers still on the job; destroy asked */
+#endif
+};
+
+#ifndef FA_NO_THREADS
+static void *fa_i_pool_worker(void *arg)
+{
+    fa_cpu_pool *pool = (fa_cpu_pool *)arg;
+    unsigned seen = 0;
+    pthread_mutex_lock(&pool->lock);
+    for (;;) {
+        fa_i_job *job;
+        while (pool->generation == seen && !pool->quit) pthread_cond_wait(&pool->wake, &pool->lock);
+        if (pool->quit) break;
+        seen = pool->generation;
+        job = pool->job;
+        pthread_mutex_unlock(&pool->lock);
+        fa_i_worker(job);
+        pthread_mutex_lock(&pool->lock);
+        if (--pool->running == 0) pthread_cond_signal(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return NULL;
+}
+#endif
+
+FA_API fa_status fa_cpu_pool_create(int num_threads, fa_cpu_pool **pool)
+{
+    fa_cpu_pool *x;
+    fa_i_detail[0] = '\0';
+    if (!pool) return fa_i_fail(FA_ERR_NULL_POINTER, "pool is NULL");
+    if (num_threads < 1 || num_threads > FA_MAX_THREADS)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "num_threads %d is not in 1 .. %d", num_threads,
+                         FA_MAX_THREADS);
+    x = (fa_cpu_pool *)FA_MALLOC(sizeof *x);
+    if (!x) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "a pool of %d threads", num_threads);
+    memset(x, 0, sizeof *x);
+#ifndef FA_NO_THREADS
+    if (pthread_mutex_init(&x->lock, NULL) != 0 || pthread_mutex_init(&x->call, NULL) != 0 ||
+        pthread_cond_init(&x->wake, NULL) != 0 || pthread_cond_init(&x->done, NULL) != 0) {
+        FA_FREE(x);
+        return fa_i_fail(FA_ERR_THREAD, "pthread mutex or condition init failed");
+    }
+    for (; x->workers < num_threads - 1; ++x->workers)
+        if (pthread_create(&x->threads[x->workers], NULL, fa_i_pool_worker, x) != 0) {
+            fa_cpu_pool_destroy(x);
+            return fa_i_fail(FA_ERR_THREAD, "pthread_create failed");
+        }
+#endif
+    *pool = x;
+    return FA_OK;
+}
+
+FA_API void fa_cpu_pool_destroy(fa_cpu_pool *pool)
 {
 #ifndef FA_NO_THREADS
-    pthread_t threads[64];
-    int i, started = 0;
-    if (num_threads > 64) num_threads = 64;
-    if (num_threads > job->num_tasks) num_threads = job->num_tasks;
+    int i;
+#endif
+    if (!pool) return;
+#ifndef FA_NO_THREADS
+    pthread_mutex_lock(&pool->lock);
+    pool->quit = 1;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (i = 0; i < pool->workers; ++i) pthread_join(pool->threads[i], NULL);
+    pthread_cond_destroy(&pool->wake);
+    pthread_cond_destroy(&pool->done);
+    pthread_mutex_destroy(&pool->lock);
+    pthread_mutex_destroy(&pool->call);
+#endif
+    FA_FREE(pool);
+}
+
+/* Runs every task of the job on o's pool, or on o->num_threads threads
+   started for it (the caller's included). */
+static fa_status fa_i_run_job(fa_i_job *job, const fa_cpu_options *o)
+{
+#ifndef FA_NO_THREADS
+    pthread_t threads[FA_MAX_THREADS];
+    int i, started = 0, num_threads = o->num_threads;
     if (pthread_mutex_init(&job->lock, NULL) != 0)
         return fa_i_fail(FA_ERR_THREAD, "pthread_mutex_init failed");
-    for (i = 1; i < num_threads; ++i) {
-        if (pthread_create(&threads[started], NULL, fa_i_worker, job) != 0) {
-            fa_i_set_status(job, FA_ERR_THREAD);
-            break;
+    if (o->pool) {
+        fa_cpu_pool *pool = o->pool;
+        pthread_mutex_lock(&pool->call);
+        pthread_mutex_lock(&pool->lock);
+        pool->job = job;
+        pool->running = pool->workers;
+        ++pool->generation;
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->lock);
+        fa_i_worker(job);
+        pthread_mutex_lock(&pool->lock);
+        while (pool->running > 0) pthread_cond_wait(&pool->done, &pool->lock);
+        pthread_mutex_unlock(&pool->lock);
+        pthread_mutex_unlock(&pool->call);
+    } else {
+        if (num_threads > FA_MAX_THREADS) num_threads = FA_MAX_THREADS;
+        if (num_threads > job->num_tasks) num_threads = job->num_tasks;
+        for (i = 1; i < num_threads; ++i) {
+            if (pthread_create(&threads[started], NULL, fa_i_worker, job) != 0) {
+                fa_i_set_status(job, FA_ERR_THREAD);
+                break;
+            }
+            ++started;
         }
-        ++started;
+        fa_i_worker(job);
+        for (i = 0; i < started; ++i) pthread_join(threads[i], NULL);
     }
-    fa_i_worker(job);
-    for (i = 0; i < started; ++i) pthread_join(threads[i], NULL);
     pthread_mutex_destroy(&job->lock);
 #else
-    (void)num_threads;
+    (void)o;
     fa_i_worker(job);
 #endif
     if (job->status == FA_ERR_OUT_OF_MEMORY)
@@ -896,14 +1213,15 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     const fa_params *p = job->p;
     const int split = task % job->splits;
     const fa_i_query_block blk = fa_i_query_task(p, task / job->splits);
-    const int d = p->head_dim, b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
-    float *q = scratch, *kt = q + FA_I_BM * d, *v = kt + (size_t)d * FA_I_BN;
-    float *s = v + (size_t)FA_I_BN * d, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * d;
+    const int d = p->head_dim, dp = FA_I_PAD(d), b = blk.b, h = blk.h, hk = blk.hk;
+    const int r0 = blk.r0, rows = blk.rows;
+    float *q = scratch, *kt = q + FA_I_BM * dp, *v = kt + (size_t)dp * FA_I_BN;
+    float *s = v + (size_t)FA_I_BN * dp, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * dp;
     float *l = m + FA_I_BM, *krow = l + FA_I_BM;
     int lo, hi, c0, c_end, r, c;
 
-    fa_i_load_tile(q, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p));
-    memset(o, 0, sizeof(float) * rows * d);
+    fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p));
+    memset(o, 0, sizeof(float) * rows * dp);
     for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
     { /* this split's share of the key blocks the rows see */
@@ -917,13 +1235,12 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;
-        fa_i_load_kt(kt, krow, p, b, hk, c0, cols); /* S = Q K^T as a plain matmul */
-        fa_i_load_tile(v, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
-        memset(s, 0, sizeof(float) * FA_I_BM * FA_I_BN);
-        fa_i_matmul(s, FA_I_BN, q, d, kt, FA_I_BN, rows, cols, d);
+        fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols); /* S = Q K^T as a plain product */
+        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+        fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
         for (r = 0; r < rows; ++r) {
-            float *srow = s + (size_t)r * FA_I_BN, *orow = o + (size_t)r * d;
+            float *srow = s + (size_t)r * FA_I_BN;
             const float m_new = fa_i_row_max(srow, cols, m[r]);
             float alpha;
             if (m_new == -INFINITY) { /* nothing visible yet in this row */
@@ -933,9 +1250,9 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             alpha = fa_i_exp2(m[r] - m_new);
             l[r] = l[r] * alpha + fa_i_exp_row(srow, cols, m_new);
             m[r] = m_new;
-            for (c = 0; c < d; ++c) orow[c] *= alpha;
+            if (alpha != 1.0f) fa_i_scale_row(o + (size_t)r * dp, d, alpha);
         }
-        fa_i_matmul(o, d, s, FA_I_BN, v, d, rows, d, cols);
+        fa_i_gemm(o, dp, s, FA_I_BN, v, dp, rows, dp, cols, 1);
     }
     for (r = 0; r < rows; ++r) {
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
@@ -946,11 +1263,11 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             float *part_lse = job->shared + job->splits * fa_i_split_o_floats(p) +
                               split * (size_t)p->batch * p->heads_q * p->seqlen_q;
             const size_t row = (((size_t)b * p->seqlen_q + r0 + r) * p->heads_q + h) * d;
-            for (c = 0; c < d; ++c) part[row + c] = o[(size_t)r * d + c] * inv;
+            for (c = 0; c < d; ++c) part[row + c] = o[(size_t)r * dp + c] * inv;
             part_lse[lse_at] = lse;
             continue;
         }
-        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * d, d,
+        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * dp, d,
                        p->dtype, inv);
         if (p->lse) p->lse[lse_at] = lse;
     }
@@ -958,8 +1275,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 
 static size_t fa_i_forward_fa2_scratch(const fa_params *p)
 {
-    const size_t d = (size_t)p->head_dim;
-    return 2 * FA_I_BM * d + 2 * d * FA_I_BN + FA_I_BM * FA_I_BN + 2 * FA_I_BM + d;
+    const size_t dp = (size_t)FA_I_PAD(p->head_dim);
+    return 2 * FA_I_BM * dp + 2 * dp * FA_I_BN + FA_I_BM * FA_I_BN + 2 * FA_I_BM + dp;
 }
 
 /* ---- forward, FA1 order ---------------------------------------------------
@@ -970,13 +1287,13 @@ static size_t fa_i_forward_fa2_scratch(const fa_params *p)
 static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const int d = p->head_dim, nq = p->seqlen_q;
+    const int d = p->head_dim, dp = FA_I_PAD(d), nq = p->seqlen_q;
     const int b = task / p->heads_q, h = task % p->heads_q;
     const int hk = h / (p->heads_q / p->heads_kv);
     /* o_state, m_state, l_state stand in for the O, m, l arrays in HBM. */
     float *o_state = scratch, *m_state = o_state + (size_t)nq * d, *l_state = m_state + nq;
-    float *q = l_state + nq, *kt = q + FA_I_BM * d, *v = kt + (size_t)d * FA_I_BN;
-    float *s = v + (size_t)FA_I_BN * d, *pv = s + FA_I_BM * FA_I_BN, *m_tile = pv + FA_I_BM * d;
+    float *q = l_state + nq, *kt = q + FA_I_BM * dp, *v = kt + (size_t)dp * FA_I_BN;
+    float *s = v + (size_t)FA_I_BN * dp, *pv = s + FA_I_BM * FA_I_BN, *m_tile = pv + FA_I_BM * dp;
     float *l_tile = m_tile + FA_I_BM, *krow = l_tile + FA_I_BM;
     int c0, r0, r, c;
 
@@ -984,16 +1301,15 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
     for (r = 0; r < nq; ++r) { m_state[r] = -INFINITY; l_state[r] = 0.0f; }
     for (c0 = 0; c0 < p->seqlen_k; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
-        fa_i_load_kt(kt, krow, p, b, hk, c0, cols);
-        fa_i_load_tile(v, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+        fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
+        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
         for (r0 = 0; r0 < nq; r0 += FA_I_BM) {
             const int rows = nq - r0 < FA_I_BM ? nq - r0 : FA_I_BM;
             const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
             if (!vis) continue;
-            fa_i_load_tile(q, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype,
+            fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype,
                            fa_i_q_multiplier(p));
-            memset(s, 0, sizeof(float) * FA_I_BM * FA_I_BN);
-            fa_i_matmul(s, FA_I_BN, q, d, kt, FA_I_BN, rows, cols, d);
+            fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
             fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
             for (r = 0; r < rows; ++r) { /* P~ = exp(S - m~), l~ = rowsum(P~) */
                 float *srow = s + (size_t)r * FA_I_BN;
@@ -1005,10 +1321,9 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
                     l_tile[r] = fa_i_exp_row(srow, cols, m_tile[r]);
                 }
             }
-            memset(pv, 0, sizeof(float) * FA_I_BM * d);
-            fa_i_matmul(pv, d, s, FA_I_BN, v, d, rows, d, cols);
+            fa_i_gemm(pv, dp, s, FA_I_BN, v, dp, rows, dp, cols, 0);
             for (r = 0; r < rows; ++r) { /* merge with the carried, normalized state */
-                float *orow = o_state + (size_t)(r0 + r) * d, *pvrow = pv + (size_t)r * d;
+                float *orow = o_state + (size_t)(r0 + r) * d, *pvrow = pv + (size_t)r * dp;
                 const float m_old = m_state[r0 + r];
                 float m_new, w_old, w_tile, l_new;
                 if (m_tile[r] == -INFINITY) continue;
@@ -1033,9 +1348,9 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
 
 static size_t fa_i_forward_fa1_scratch(const fa_params *p)
 {
-    const size_t d = (size_t)p->head_dim;
-    return (size_t)p->seqlen_q * (d + 2) + 2 * FA_I_BM * d + 2 * d * FA_I_BN +
-           FA_I_BM * FA_I_BN + 2 * FA_I_BM + d;
+    const size_t d = (size_t)p->head_dim, dp = (size_t)FA_I_PAD(p->head_dim);
+    return (size_t)p->seqlen_q * (d + 2) + 2 * FA_I_BM * dp + 2 * dp * FA_I_BN +
+           FA_I_BM * FA_I_BN + 2 * FA_I_BM + dp;
 }
 
 /* ---- backward ---------------------------------------------------------------
@@ -1052,25 +1367,37 @@ typedef struct fa_i_bwd_scratch {
     float *q, *dout, *k, *kt, *vt, *s, *dp, *t, *acc, *acc2, *lse2, *dsum, *row;
 } fa_i_bwd_scratch;
 
+/* Rows of dp = FA_I_PAD(d) floats: q, dout [BM][dp]; k [BN][dp]; kt, vt
+   [dp][BN]; s, dp [BM][BN]; t [BN][max(BM, dp)] (P^T, dS^T or V rows);
+   acc, acc2 [max(BM, BN)][dp], [BN][dp]. */
 static fa_i_bwd_scratch fa_i_bwd_carve(float *w, int d)
 {
     fa_i_bwd_scratch x;
-    const size_t bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
-    const size_t t_cols = FA_I_BM > (size_t)d ? FA_I_BM : (size_t)d; /* P^T, dS^T or V rows */
-    x.q = w; x.dout = x.q + FA_I_BM * d; x.k = x.dout + FA_I_BM * d;
-    x.kt = x.k + FA_I_BN * d; x.vt = x.kt + FA_I_BN * d;
-    x.s = x.vt + FA_I_BN * d; x.dp = x.s + FA_I_BM * FA_I_BN; x.t = x.dp + FA_I_BM * FA_I_BN;
-    x.acc = x.t + FA_I_BN * t_cols; x.acc2 = x.acc + bmn * d; x.lse2 = x.acc2 + FA_I_BN * d;
+    const size_t dp = (size_t)FA_I_PAD(d), bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
+    const size_t t_cols = FA_I_BM > dp ? FA_I_BM : dp;
+    x.q = w; x.dout = x.q + FA_I_BM * dp; x.k = x.dout + FA_I_BM * dp;
+    x.kt = x.k + FA_I_BN * dp; x.vt = x.kt + FA_I_BN * dp;
+    x.s = x.vt + FA_I_BN * dp; x.dp = x.s + FA_I_BM * FA_I_BN; x.t = x.dp + FA_I_BM * FA_I_BN;
+    x.acc = x.t + FA_I_BN * t_cols; x.acc2 = x.acc + bmn * dp; x.lse2 = x.acc2 + FA_I_BN * dp;
     x.dsum = x.lse2 + FA_I_BM; x.row = x.dsum + FA_I_BM;
     return x;
 }
 
 static size_t fa_i_backward_scratch(const fa_params *p)
 {
-    const size_t d = (size_t)p->head_dim, bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
-    const size_t t_cols = FA_I_BM > d ? FA_I_BM : d;
-    return 2 * FA_I_BM * d + 3 * FA_I_BN * d + 2 * FA_I_BM * FA_I_BN + FA_I_BN * t_cols +
-           bmn * d + FA_I_BN * d + 2 * FA_I_BM + d;
+    const size_t dp = (size_t)FA_I_PAD(p->head_dim), bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
+    const size_t t_cols = FA_I_BM > dp ? FA_I_BM : dp;
+    return 2 * FA_I_BM * dp + 3 * FA_I_BN * dp + 2 * FA_I_BM * FA_I_BN + FA_I_BN * t_cols +
+           bmn * dp + FA_I_BN * dp + 2 * FA_I_BM + dp;
+}
+
+/* dst[dp][FA_CPU_BLOCK_N] = src[cols][dp] transposed, key columns past cols zero. */
+static void fa_i_transpose_keys(float *dst, const float *src, int dp, int cols)
+{
+    int i, c;
+    fa_i_transpose(dst, FA_I_BN, src, dp, cols, dp);
+    for (i = 0; i < dp; ++i)
+        for (c = cols; c < FA_I_BN; ++c) dst[(size_t)i * FA_I_BN + c] = 0.0f;
 }
 
 /* Loads the query-side rows of a tile: raw Q, dO, base-2 LSE and D. */
@@ -1080,8 +1407,9 @@ static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, 
     const fa_params *p = job->p;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
     int r;
-    fa_i_load_tile(x->q, p->q, &p->q_layout, b, h, r0, rows, p->head_dim, p->dtype, 1.0f);
-    fa_i_load_tile(x->dout, p->dout, &p->dout_layout, b, h, r0, rows, p->head_dim, p->dtype,
+    const int dp = FA_I_PAD(p->head_dim);
+    fa_i_load_tile(x->q, dp, p->q, &p->q_layout, b, h, r0, rows, p->head_dim, p->dtype, 1.0f);
+    fa_i_load_tile(x->dout, dp, p->dout, &p->dout_layout, b, h, r0, rows, p->head_dim, p->dtype,
                    1.0f);
     for (r = 0; r < rows; ++r) {
         /* A fully masked row has LSE = -inf; +inf makes its P = 2^(-inf) = 0. */
@@ -1095,11 +1423,11 @@ static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, 
 static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, int hk, int c0,
                                int cols)
 {
-    const int d = p->head_dim;
-    fa_i_load_tile(x->k, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
-    fa_i_transpose(x->kt, FA_I_BN, x->k, d, cols, d);
-    fa_i_load_tile(x->t, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
-    fa_i_transpose(x->vt, FA_I_BN, x->t, d, cols, d);
+    const int d = p->head_dim, dp = FA_I_PAD(d);
+    fa_i_load_tile(x->k, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+    fa_i_transpose_keys(x->kt, x->k, dp, cols);
+    fa_i_load_tile(x->t, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+    fa_i_transpose_keys(x->vt, x->t, dp, cols);
 }
 
 /* Recomputes a tile: x->s becomes P and x->dp becomes dS (including the
@@ -1107,17 +1435,14 @@ static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, i
 static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int rows, int c0,
                           int cols, int vis)
 {
-    const int d = p->head_dim;
+    const int dp = FA_I_PAD(p->head_dim);
     const float qmul = fa_i_q_multiplier(p);
     const float inv_cap = p->softcap > 0.0f ? 1.0f / (p->softcap * FA_I_LOG2E) : 0.0f;
     int r, c;
-    memset(x->s, 0, sizeof(float) * FA_I_BM * FA_I_BN);
-    memset(x->dp, 0, sizeof(float) * FA_I_BM * FA_I_BN);
-    fa_i_matmul(x->s, FA_I_BN, x->q, d, x->kt, FA_I_BN, rows, cols, d);
-    for (r = 0; r < rows; ++r)
-        for (c = 0; c < cols; ++c) x->s[r * FA_I_BN + c] *= qmul;
+    fa_i_gemm(x->s, FA_I_BN, x->q, dp, x->kt, FA_I_BN, rows, FA_I_BN, dp, 0);
+    for (r = 0; r < rows; ++r) fa_i_scale_row(x->s + (size_t)r * FA_I_BN, cols, qmul);
     fa_i_scores(p, x->s, FA_I_BN, r0, rows, c0, cols, vis);
-    fa_i_matmul(x->dp, FA_I_BN, x->dout, d, x->vt, FA_I_BN, rows, cols, d);
+    fa_i_gemm(x->dp, FA_I_BN, x->dout, dp, x->vt, FA_I_BN, rows, FA_I_BN, dp, 0);
     for (r = 0; r < rows; ++r) {
         float *srow = x->s + (size_t)r * FA_I_BN, *dprow = x->dp + (size_t)r * FA_I_BN;
         for (c = 0; c < cols; ++c) {
@@ -1137,7 +1462,8 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
     const fa_i_query_block blk = fa_i_query_task(p, task);
-    const int d = p->head_dim, b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
+    const int d = p->head_dim, dp = FA_I_PAD(d), b = blk.b, h = blk.h, hk = blk.hk;
+    const int r0 = blk.r0, rows = blk.rows;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
     fa_i_bwd_scratch x = fa_i_bwd_carve(scratch, d);
     int lo, hi, c0, r, c;
@@ -1151,7 +1477,7 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
         job->shared[lse_base + r] = sum;
     }
     fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
-    memset(x.acc, 0, sizeof(float) * FA_I_BM * d);
+    memset(x.acc, 0, sizeof(float) * FA_I_BM * dp);
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
     for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
@@ -1159,17 +1485,17 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
         if (!vis) continue;
         fa_i_bwd_load_keys(p, &x, b, hk, c0, cols);
         fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
-        fa_i_matmul(x.acc, d, x.dp, FA_I_BN, x.k, d, rows, d, cols);
+        fa_i_gemm(x.acc, dp, x.dp, FA_I_BN, x.k, dp, rows, dp, cols, 1);
     }
     for (r = 0; r < rows; ++r)
-        fa_i_store_row(p->dq, fa_i_offset(&p->dq_layout, b, h, r0 + r), x.acc + (size_t)r * d, d,
+        fa_i_store_row(p->dq, fa_i_offset(&p->dq_layout, b, h, r0 + r), x.acc + (size_t)r * dp, d,
                        p->dtype, p->scale);
 }
 
 static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const int d = p->head_dim, nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
+    const int d = p->head_dim, dp = FA_I_PAD(d), nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
     const int b = task / (nkb * p->heads_kv), hk = (task / nkb) % p->heads_kv;
     const int group = p->heads_q / p->heads_kv;
     const int c0 = (task % nkb) * FA_I_BN;
@@ -1178,8 +1504,8 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
     int h, r0, r;
 
     fa_i_bwd_load_keys(p, &x, b, hk, c0, cols);
-    memset(x.acc, 0, sizeof(float) * FA_I_BN * d);  /* dK */
-    memset(x.acc2, 0, sizeof(float) * FA_I_BN * d); /* dV */
+    memset(x.acc, 0, sizeof(float) * FA_I_BN * dp);  /* dK */
+    memset(x.acc2, 0, sizeof(float) * FA_I_BN * dp); /* dV */
     for (h = hk * group; h < (hk + 1) * group; ++h)
         for (r0 = 0; r0 < p->seqlen_q; r0 += FA_I_BM) {
             const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
@@ -1188,14 +1514,14 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
             fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
             fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
             fa_i_transpose(x.t, FA_I_BM, x.s, FA_I_BN, rows, cols);
-            fa_i_matmul(x.acc2, d, x.t, FA_I_BM, x.dout, d, cols, d, rows);
+            fa_i_gemm(x.acc2, dp, x.t, FA_I_BM, x.dout, dp, cols, dp, rows, 1);
             fa_i_transpose(x.t, FA_I_BM, x.dp, FA_I_BN, rows, cols);
-            fa_i_matmul(x.acc, d, x.t, FA_I_BM, x.q, d, cols, d, rows);
+            fa_i_gemm(x.acc, dp, x.t, FA_I_BM, x.q, dp, cols, dp, rows, 1);
         }
     for (r = 0; r < cols; ++r) {
-        fa_i_store_row(p->dk, fa_i_offset(&p->dk_layout, b, hk, c0 + r), x.acc + (size_t)r * d, d,
-                       p->dtype, p->scale);
-        fa_i_store_row(p->dv, fa_i_offset(&p->dv_layout, b, hk, c0 + r), x.acc2 + (size_t)r * d,
+        fa_i_store_row(p->dk, fa_i_offset(&p->dk_layout, b, hk, c0 + r), x.acc + (size_t)r * dp,
+                       d, p->dtype, p->scale);
+        fa_i_store_row(p->dv, fa_i_offset(&p->dv_layout, b, hk, c0 + r), x.acc2 + (size_t)r * dp,
                        d, p->dtype, 1.0f);
     }
 }
@@ -1247,8 +1573,8 @@ static void fa_i_combine_task(const fa_i_job *job, int task, float *scratch)
     }
 }
 
-/* Runs a resolved merge on num_threads threads. */
-static fa_status fa_i_run_combine(const fa_combine_params *p, int num_threads)
+/* Runs a resolved merge with the resolved options o. */
+static fa_status fa_i_run_combine(const fa_combine_params *p, const fa_cpu_options *o)
 {
     fa_i_job job;
     fa_status s;
@@ -1259,14 +1585,14 @@ static fa_status fa_i_run_combine(const fa_combine_params *p, int num_threads)
     s = fa_i_task_count(((int64_t)p->batch * p->seqlen * p->heads + FA_I_COMBINE_ROWS - 1) /
                             FA_I_COMBINE_ROWS,
                         &job.num_tasks);
-    return s != FA_OK ? s : fa_i_run_job(&job, num_threads);
+    return s != FA_OK ? s : fa_i_run_job(&job, o);
 }
 
 /* ---- entry points ---------------------------------------------------------- */
 
 static fa_status fa_i_cpu_options(const fa_cpu_options *opt, fa_cpu_options *out)
 {
-    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    fa_cpu_options o;
     memset(&o, 0, sizeof o);
     if (opt) o = *opt;
     if (o.num_threads < 0)
@@ -1295,7 +1621,7 @@ static int fa_i_cpu_splits(const fa_params *p, int64_t query_tasks)
 
 /* The FA2-order forward with its keys in job->splits chunks: every chunk's
    partial result into job->shared, then the merge into o and lse. */
-static fa_status fa_i_forward_split(fa_i_job *job, int num_threads)
+static fa_status fa_i_forward_split(fa_i_job *job, const fa_cpu_options *o)
 {
     const fa_params *p = job->p;
     const size_t o_floats = fa_i_split_o_floats(p);
@@ -1308,7 +1634,7 @@ static fa_status fa_i_forward_split(fa_i_job *job, int num_threads)
     job->shared = (float *)FA_MALLOC(sizeof(float) * job->splits * (o_floats + lse_floats));
     if (!job->shared)
         return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "split-KV partials of %d splits", job->splits);
-    s = fa_i_run_job(job, num_threads);
+    s = fa_i_run_job(job, o);
     memset(&c, 0, sizeof c);
     c.num_parts = job->splits;
     c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim;
@@ -1320,7 +1646,7 @@ static fa_status fa_i_forward_split(fa_i_job *job, int num_threads)
     c.o_parts = o_parts, c.lse_parts = lse_parts;
     c.dtype = p->dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
     if (s == FA_OK) s = fa_combine_resolve(&c, &c);
-    if (s == FA_OK) s = fa_i_run_combine(&c, num_threads);
+    if (s == FA_OK) s = fa_i_run_combine(&c, o);
     FA_FREE(job->shared);
     return s;
 }
@@ -1328,7 +1654,7 @@ static fa_status fa_i_forward_split(fa_i_job *job, int num_threads)
 FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *opt)
 {
     fa_params p;
-    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    fa_cpu_options o;
     fa_i_job job;
     fa_status s;
     int64_t bh, query_tasks;
@@ -1342,31 +1668,30 @@ FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *o
         job.run = fa_i_forward_fa1_task;
         job.scratch_floats = fa_i_forward_fa1_scratch(&p);
         s = fa_i_task_count(bh, &job.num_tasks);
-        return s != FA_OK ? s : fa_i_run_job(&job, o.num_threads);
+        return s != FA_OK ? s : fa_i_run_job(&job, &o);
     }
     job.run = fa_i_forward_fa2_task;
     job.scratch_floats = fa_i_forward_fa2_scratch(&p);
     query_tasks = bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM);
     job.splits = fa_i_cpu_splits(&p, query_tasks);
     if ((s = fa_i_task_count(query_tasks * job.splits, &job.num_tasks)) != FA_OK) return s;
-    return job.splits > 1 ? fa_i_forward_split(&job, o.num_threads)
-                          : fa_i_run_job(&job, o.num_threads);
+    return job.splits > 1 ? fa_i_forward_split(&job, &o) : fa_i_run_job(&job, &o);
 }
 
 FA_API fa_status fa_cpu_combine(const fa_combine_params *params, const fa_cpu_options *opt)
 {
     fa_combine_params p;
-    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    fa_cpu_options o;
     fa_status s;
     if ((s = fa_combine_resolve(params, &p)) != FA_OK) return s;
     if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
-    return fa_i_run_combine(&p, o.num_threads);
+    return fa_i_run_combine(&p, &o);
 }
 
 FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *opt)
 {
     fa_params p;
-    fa_cpu_options o = {0, FA_CPU_ORDER_FA2};
+    fa_cpu_options o;
     fa_i_job job;
     fa_status s;
     const int64_t bh = params ? (int64_t)params->batch * params->heads_q : 0;
@@ -1379,13 +1704,13 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     if (!job.shared) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "D of %lld floats", (long long)bh);
     job.run = fa_i_backward_dq_task;
     s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &job.num_tasks);
-    if (s == FA_OK) s = fa_i_run_job(&job, o.num_threads);
+    if (s == FA_OK) s = fa_i_run_job(&job, &o);
     if (s == FA_OK) {
         job.run = fa_i_backward_dkv_task;
         job.next_task = 0;
         s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BN),
                             &job.num_tasks);
-        if (s == FA_OK) s = fa_i_run_job(&job, o.num_threads);
+        if (s == FA_OK) s = fa_i_run_job(&job, &o);
     }
     FA_FREE(job.shared);
     return s;

@@ -59,7 +59,7 @@ class CombineParams(ctypes.Structure):
 
 
 class CpuOptions(ctypes.Structure):
-    _fields_ = [("num_threads", ctypes.c_int), ("order", ctypes.c_int)]
+    _fields_ = [("num_threads", ctypes.c_int), ("order", ctypes.c_int), ("pool", ctypes.c_void_p)]
 
 
 def _load(name):
@@ -224,8 +224,11 @@ class Problem:
         return status, t["dq"].values(), t["dk"].values(), t["dv"].values()
 
 
+POOL = [None]  # a fa_cpu_pool the CPU backends run on where set (tests of the pool)
+
+
 def _cpu_options(backend, threads):
-    return CpuOptions(threads, 1 if backend == "fa1" else 0)
+    return CpuOptions(threads, 1 if backend == "fa1" else 0, POOL[0])
 
 
 def call_forward(backend, p, threads=2):

@@ -158,6 +158,41 @@ def fwd_threads_bitwise_equal():
     assert np.array_equal(o1, o3) and np.array_equal(l1, l3)
 
 
+@test
+def thread_pool_gives_the_same_bits():
+    """A caller-owned pool (created once, used by many calls, from two threads
+    at once) gives the bits of per-call threads; bad sizes are refused."""
+    import threading
+    pool = ctypes.c_void_p()
+    for bad in (0, 65):
+        status = fa.CPU.fa_cpu_pool_create(bad, ctypes.byref(pool))
+        assert status == fa.STATUS["FA_ERR_INVALID_ARGUMENT"], fa.status_name(status)
+    assert fa.CPU.fa_cpu_pool_create(3, ctypes.byref(pool)) == fa.FA_OK
+    probs = [fa.Problem(rng_for(f"pool{i}"), heads_q=4, heads_kv=2, seqlen_q=130 + i,
+                        seqlen_k=200, head_dim=64, causal=True, dtype="bf16") for i in range(2)]
+    plain = [prob.forward("fa2", threads=3) for prob in probs]
+    grads = [prob.backward(r[1], r[2], "fa2", threads=3) for prob, r in zip(probs, plain)]
+    results = {}
+    try:
+        fa.POOL[0] = pool
+        def run(i):
+            for _ in range(3):
+                results[i] = (probs[i].forward("fa2"), probs[i].backward(plain[i][1], plain[i][2], "fa2"))
+        workers = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        fa.POOL[0] = None
+        fa.CPU.fa_cpu_pool_destroy(pool)
+    for i in range(2):
+        (fs, o, lse), (bs, *g) = results[i]
+        assert fs == fa.FA_OK and bs == fa.FA_OK
+        assert np.array_equal(o, plain[i][1]) and np.array_equal(lse, plain[i][2])
+        assert all(np.array_equal(a, b) for a, b in zip(g, grads[i][1:]))
+
+
 def with_cpu_library(name, fn):
     """Runs fn() with fa.CPU replaced by another build of the CPU library."""
     lib = getattr(fa, name)

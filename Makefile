@@ -29,7 +29,7 @@ GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 .PHONY: all bench-libs numpy test demo bench bench-decode bench-cpu sanitize clean
 
 CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
-            $(BUILD)/libflashattn_tiles_test.so
+            $(BUILD)/libflashattn_tiles_test.so $(BUILD)/libflashattn_portable_test.so
 
 all: $(CPU_LIBS) $(BUILD)/cpu_attention $(GPU_LIBS) $(GPU_DEMO)
 
@@ -46,6 +46,10 @@ $(BUILD)/libflashattn_nothreads_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 
 $(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_BLOCK_M=32 -DFA_CPU_BLOCK_N=16 -fPIC -shared -o $@ tests/shim.c -lm -pthread
+
+# The portable C kernels (no SIMD), the oracle the SIMD kernels are tested against.
+$(BUILD)/libflashattn_portable_test.so: tests/shim.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_SIMD=0 -fPIC -shared -o $@ tests/shim.c -lm -pthread
 
 # The CUDA test shim in each build the tests and the benchmark compare.
 $(BUILD)/libflashattn_cuda_fa2_test.so: SHIM_FLAGS := -DFA_SM90=0
@@ -76,8 +80,14 @@ demo: $(BUILD)/cpu_attention $(GPU_DEMO)
 	./$(BUILD)/cpu_attention
 	$(if $(GPU_DEMO),./$(GPU_DEMO))
 
-bench-cpu: numpy $(BUILD)/libflashattn_test.so
+# The CPU benchmark's peers and tools, installed when missing.
+bench-cpu: numpy $(BUILD)/libflashattn_test.so $(BUILD)/fma_peak
+	@$(PYTHON) -c "import onnxruntime, onnx, threadpoolctl" 2>/dev/null || \
+	  $(PYTHON) -m pip install --quiet onnxruntime onnx threadpoolctl
 	$(PYTHON) bench/bench_cpu.py
+
+$(BUILD)/fma_peak: bench/fma_peak.c | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ bench/fma_peak.c -pthread
 
 bench: numpy $(GPU_LIBS) $(BENCH_LIBS)
 	$(PYTHON) bench/bench_gpu.py

@@ -69,6 +69,9 @@ def _load(name):
     lib = ctypes.CDLL(path)
     lib.fa_status_string.restype = ctypes.c_char_p
     lib.fa_last_error_detail.restype = ctypes.c_char_p
+    if hasattr(lib, "fa_test_exp_row"):
+        lib.fa_test_exp_row.restype = ctypes.c_float
+        lib.fa_test_exp_row.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_float]
     return lib
 
 
@@ -77,6 +80,7 @@ if CPU is None:
     raise SystemExit("build/libflashattn_test.so is missing: run the tests through `make test`")
 CPU_NO_THREADS = _load("libflashattn_nothreads_test.so")  # built with FA_NO_THREADS
 CPU_SMALL_TILES = _load("libflashattn_tiles_test.so")  # FA_CPU_BLOCK_M=32, FA_CPU_BLOCK_N=16
+CPU_PORTABLE = _load("libflashattn_portable_test.so")  # FA_CPU_SIMD=0: the portable C kernels
 CPU.fa_test_params_size.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.restype = ctypes.c_size_t
 CPU.fa_test_params_offset.argtypes = [ctypes.c_char_p]

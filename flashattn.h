@@ -1,4 +1,4 @@
-/* flashattn.h - v0.2.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.3.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -47,6 +47,8 @@
 
    COMPILE-TIME OPTIONS (define before the implementation)
      FA_NO_THREADS            single-threaded build, no pthreads
+     FA_CPU_SIMD              1 = AVX2 + FMA microkernels, 0 = portable C
+                              (default 1 where __AVX2__ and __FMA__ are defined)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
      FA_CPU_BLOCK_N           key rows per CPU tile        (default 64)
      FA_MALLOC / FA_FREE      allocator hooks (define both or neither)
@@ -1727,6 +1729,8 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
 
 /*
 REVISION HISTORY
+   0.3.0  CPU: AVX2 + FMA microkernels, vector exp and 16-bit loads, 192 x 64
+          tiles, caller-owned thread pools (fa_cpu_pool_create)
    0.2.0  split-KV and fa_*_combine; the GPU decode path (seqlen_q <= 16);
           flashattn_cuda.cuh laid out in dataflow order, tile tables per family
    0.1.0  first release: CPU FA1/FA2 orders, GPU FA1/FA2/FA3 forward and backward

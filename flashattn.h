@@ -67,7 +67,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 2
+#define FA_VERSION_MINOR 3
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */

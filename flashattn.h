@@ -675,6 +675,7 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
    so every N a product takes is padded (zeros in the padding) and the
    exps, row maxima and 16-bit loads are vectorized; without it the
    portable C kernels run (and are the tests' oracle for the SIMD ones). */
+#define FA_I_PREFETCH_ROWS 4
 #if FA_CPU_SIMD
 #define FA_I_PAD(n) (((n) + 15) / 16 * 16)
 #else
@@ -885,6 +886,16 @@ static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout
     int r, c;
     for (r = 0; r < rows; ++r) {
         float *row = dst + (size_t)r * ld;
+#if FA_CPU_SIMD
+        /* Rows of a BSHD tensor sit H * d elements apart, often a page each,
+           where the hardware prefetcher stops: fetch a few rows ahead. */
+        if (r + FA_I_PREFETCH_ROWS < rows) {
+            const int bytes = d * (dtype == FA_DTYPE_F32 ? 4 : 2);
+            const char *ahead = (const char *)base + fa_i_offset(l, b, h, r0 + r + FA_I_PREFETCH_ROWS) *
+                                                         (dtype == FA_DTYPE_F32 ? 4 : 2);
+            for (c = 0; c < bytes; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
+        }
+#endif
         fa_i_load_row(row, base, fa_i_offset(l, b, h, r0 + r), d, dtype, mul);
         for (c = d; c < ld; ++c) row[c] = 0.0f;
     }
@@ -952,6 +963,23 @@ static float fa_i_exp_row(float *row, int n, float max)
         row[c] = fa_i_exp2(row[c] - max);
         sum += row[c];
     }
+    return sum;
+}
+
+/* The dot product of two rows of n floats (n a multiple of 16 with SIMD). */
+static float fa_i_dot(const float *FA_RESTRICT x, const float *FA_RESTRICT y, int n)
+{
+    float sum = 0.0f;
+    int i = 0;
+#if FA_CPU_SIMD
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i < n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+    }
+    sum = fa_i_hsum(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; i < n; ++i) sum += x[i] * y[i];
     return sum;
 }
 
@@ -1183,6 +1211,9 @@ static fa_status fa_i_task_count(int64_t count, int *out)
 
 #define FA_I_BM FA_CPU_BLOCK_M
 #define FA_I_BN FA_CPU_BLOCK_N
+/* Query blocks of at most this many rows (decode) take S from dot products:
+   transposing a K tile costs as much as one row's products with it. */
+#define FA_I_DOT_ROWS 4
 
 /* The query block a task number names: batch b, query head h (reading
    key/value head hk), rows [r0, r0 + rows). Tasks run over (b, h, block). */
@@ -1237,9 +1268,16 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;
-        fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols); /* S = Q K^T as a plain product */
+        if (rows <= FA_I_DOT_ROWS) { /* decode: dot products with K's own rows, no transpose */
+            fa_i_load_tile(kt, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+            for (r = 0; r < rows; ++r)
+                for (c = 0; c < cols; ++c)
+                    s[(size_t)r * FA_I_BN + c] = fa_i_dot(q + (size_t)r * dp, kt + (size_t)c * dp, dp);
+        } else { /* S = Q K^T as a plain product */
+            fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
+            fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
+        }
         fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
-        fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
         for (r = 0; r < rows; ++r) {
             float *srow = s + (size_t)r * FA_I_BN;

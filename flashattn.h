@@ -110,9 +110,23 @@ typedef enum fa_dtype {
     FA_DTYPE_F32 = 0,
     FA_DTYPE_F16 = 1,
     FA_DTYPE_BF16 = 2,
-    FA_DTYPE_FP8_E4M3 = 3, /* reserved: every path answers FA_ERR_UNSUPPORTED */
+    FA_DTYPE_FP8_E4M3 = 3, /* q, k, v of the forward (with descales; o in o_dtype) */
     FA_DTYPE_COUNT
 } fa_dtype;
+
+/* FP8 descales: a tensor's value is descale * its e4m3 element, with one
+   descale per block of FA_FP8_BLOCK rows of a head (the GPU kernel's query
+   and key tiles), per head, or per tensor; fp32 arrays, positive and finite:
+     FA_FP8_SCALE_BLOCK   [batch, heads, ceil(seqlen / FA_FP8_BLOCK)]
+     FA_FP8_SCALE_HEAD    [batch, heads]
+     FA_FP8_SCALE_TENSOR  [1] */
+#define FA_FP8_BLOCK 128
+typedef enum fa_fp8_scaling {
+    FA_FP8_SCALE_BLOCK = 0,
+    FA_FP8_SCALE_HEAD = 1,
+    FA_FP8_SCALE_TENSOR = 2,
+    FA_FP8_SCALE_COUNT
+} fa_fp8_scaling;
 
 /* Element strides of a [batch, seq, heads, head_dim] tensor; all zero = contiguous BSHD. */
 typedef struct fa_layout {
@@ -153,7 +167,36 @@ typedef struct fa_params {
     /* forward: the keys of each query block in num_splits chunks, merged by
        LSE (split-KV). 0 = the library's choice; 1 = no split; n <= FA_MAX_PARTS */
     int num_splits;
+
+    /* FP8 forward (dtype FA_DTYPE_FP8_E4M3): q, k, v in e4m3 with their
+       descales at fp8_scaling's granularity (FA_FP8_SCALE_*); o in o_dtype */
+    fa_dtype o_dtype;     /* FP8: FA_DTYPE_BF16 (zero: the default) or FA_DTYPE_F16; else 0 or dtype */
+    fa_fp8_scaling fp8_scaling;
+    const float *q_descale;
+    const float *k_descale;
+    const float *v_descale;
 } fa_params;
+
+/* Quantization to e4m3 for the FP8 forward (fa_cpu_quantize_fp8,
+   fa_cuda_quantize_fp8): per block (fa_fp8_scaling) descale = amax / 448 (1
+   for an all-zero block) and out = RNE(x / descale), saturated to +-448.
+   With hadamard, each row is first rotated by x -> H diag(s) x / sqrt(d)
+   (H the Walsh-Hadamard matrix, s random signs from hadamard_seed, the same
+   for every head and row): an orthogonal map, so Q and K rotated with the
+   same seed keep Q K^T while outliers spread over the row (incoherent
+   processing, FlashAttention-3 section 3.3). V is quantized without it. */
+typedef struct fa_quantize_params {
+    int batch, heads, seqlen, head_dim; /* head_dim a power of two with hadamard */
+    fa_dtype dtype;                     /* of x: F32, F16 or BF16 */
+    const void *x;
+    fa_layout x_layout;
+    void *out;                          /* e4m3, [B, N, H, d] in out_layout */
+    fa_layout out_layout;
+    float *descale;                     /* written, shaped as fp8_scaling says */
+    fa_fp8_scaling scaling;
+    int hadamard;
+    uint64_t hadamard_seed;
+} fa_quantize_params;
 
 /* Partial results of one attention problem over disjoint key ranges (from
    split-KV, cascade attention over a shared prefix, or ranks of a context
@@ -259,6 +302,27 @@ static inline FA_HOST_DEVICE int fa_i_tile_visibility(const fa_params *p, int r0
     return lo_last <= c0 && hi_first >= c1 ? 2 : 1;
 }
 
+/* Sign j (+1 or -1) of the randomized Hadamard transform of this seed
+   (splitmix64 of seed and j), the same on the CPU and the GPU. */
+static inline FA_HOST_DEVICE float fa_i_hadamard_sign(uint64_t seed, int j)
+{
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t)(j + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return ((z ^ (z >> 31)) & 1) ? -1.0f : 1.0f;
+}
+
+/* Where the descale of row `row` of (b, h) sits in an array of the
+   scaling's shape (fa_fp8_scaling). */
+static inline FA_HOST_DEVICE int64_t fa_i_descale_index(fa_fp8_scaling scaling, int b, int h,
+                                                        int heads, int seqlen, int row)
+{
+    if (scaling == FA_FP8_SCALE_TENSOR) return 0;
+    if (scaling == FA_FP8_SCALE_HEAD) return (int64_t)b * heads + h;
+    return ((int64_t)b * heads + h) * ((seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK) +
+           row / FA_FP8_BLOCK;
+}
+
 typedef enum fa_cpu_order {
     FA_CPU_ORDER_FA2 = 0, /* query blocks outer, deferred normalization (default) */
     FA_CPU_ORDER_FA1 = 1  /* key/value blocks outer, O/m/l state carried (FlashAttention 1) */
@@ -296,6 +360,10 @@ FA_API float fa_f16_to_f32(uint16_t h);
 FA_API uint16_t fa_f32_to_f16(float f);
 FA_API float fa_bf16_to_f32(uint16_t h);
 FA_API uint16_t fa_f32_to_bf16(float f);
+/* e4m3 (the "fn" variant: no infinities, 0x7F and 0xFF NaN, max 448);
+   fa_f32_to_e4m3 saturates finite values past 448 and keeps NaN. */
+FA_API float fa_e4m3_to_f32(uint8_t x);
+FA_API uint8_t fa_f32_to_e4m3(float f);
 
 /* CPU path. opt may be NULL. Forward writes o (and lse if not NULL);
    backward reads q, k, v, o, lse, dout and writes dq, dk, dv. */
@@ -308,6 +376,10 @@ FA_API fa_status fa_cpu_pool_create(int num_threads, fa_cpu_pool **pool);
 /* Joins the pool's threads and frees it (NULL: nothing); no call may be
    using it. */
 FA_API void fa_cpu_pool_destroy(fa_cpu_pool *pool);
+/* Quantizes x to e4m3 with descales (fa_quantize_params); host pointers. */
+FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *p, const fa_cpu_options *opt);
+/* Validates p (layouts filled in) into *resolved (may be NULL). */
+FA_API fa_status fa_quantize_resolve(const fa_quantize_params *p, fa_quantize_params *resolved);
 /* Merges partial results (fa_combine_params); host pointers. */
 FA_API fa_status fa_cpu_combine(const fa_combine_params *p, const fa_cpu_options *opt);
 /* Validates p and writes the resolved copy (layouts filled in) to *resolved
@@ -476,6 +548,32 @@ FA_API uint16_t fa_f32_to_bf16(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+FA_API float fa_e4m3_to_f32(uint8_t x)
+{
+    const uint32_t sign = (uint32_t)(x & 0x80u) << 24, e = (x >> 3) & 15u, m = x & 7u;
+    if (e == 15 && m == 7) return fa_i_bits_to_f32(0x7fc00000u | sign);
+    if (e == 0) { /* zero or subnormal: m * 2^-9 */
+        const float f = (float)m * (1.0f / 512.0f);
+        return sign ? -f : f;
+    }
+    return fa_i_bits_to_f32(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+FA_API uint8_t fa_f32_to_e4m3(float f)
+{
+    uint32_t u = fa_i_f32_to_bits(f);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    float a;
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return (uint8_t)(sign | 0x7f); /* NaN */
+    a = fa_i_bits_to_f32(u);
+    if (a < 0.015625f) /* below 2^-6: the subnormal grid of 2^-9, codes 0..8 */
+        return (uint8_t)(sign | (uint8_t)rintf(a * 512.0f));
+    u += 0x7ffffu + ((u >> 20) & 1u); /* round the mantissa to 3 bits, to nearest even */
+    if (u >= 0x43f00000u) return (uint8_t)(sign | 0x7e); /* 480 and past: saturate to 448 */
+    return (uint8_t)(sign | (((u >> 23) - 120u) << 3) | ((u >> 20) & 7u));
+}
+
 /* dst[i] = mul * src[i] for n elements of a row (8 at a time where SIMD is). */
 static void fa_i_load_row(float *FA_RESTRICT dst, const void *base, int64_t offset, int n,
                           fa_dtype dtype, float mul)
@@ -508,6 +606,9 @@ static void fa_i_load_row(float *FA_RESTRICT dst, const void *base, int64_t offs
     } else if (dtype == FA_DTYPE_F16) {
         const uint16_t *src = (const uint16_t *)base + offset;
         for (; i < n; ++i) dst[i] = mul * fa_f16_to_f32(src[i]);
+    } else if (dtype == FA_DTYPE_FP8_E4M3) {
+        const uint8_t *src = (const uint8_t *)base + offset;
+        for (; i < n; ++i) dst[i] = mul * fa_e4m3_to_f32(src[i]);
     } else {
         const uint16_t *src = (const uint16_t *)base + offset;
         for (; i < n; ++i) dst[i] = mul * fa_i_bits_to_f32((uint32_t)src[i] << 16);
@@ -585,8 +686,25 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
         return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "pass %d is not a fa_pass", (int)pass);
     if ((int)r.dtype < 0 || r.dtype >= FA_DTYPE_COUNT)
         return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "dtype %d is not a fa_dtype", (int)r.dtype);
-    if (r.dtype == FA_DTYPE_FP8_E4M3)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "dtype fp8 e4m3 is reserved");
+    if (r.dtype == FA_DTYPE_FP8_E4M3) {
+        if (pass == FA_PASS_BACKWARD)
+            return fa_i_fail(FA_ERR_UNSUPPORTED, "dtype fp8 e4m3 is forward only");
+        if (r.o_dtype == FA_DTYPE_F32) r.o_dtype = FA_DTYPE_BF16;
+        if (r.o_dtype != FA_DTYPE_BF16 && r.o_dtype != FA_DTYPE_F16)
+            return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "o_dtype %d: fp8 writes o in bf16 or f16",
+                             (int)r.o_dtype);
+        if ((int)r.fp8_scaling < 0 || r.fp8_scaling >= FA_FP8_SCALE_COUNT)
+            return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "fp8_scaling %d is not a fa_fp8_scaling",
+                             (int)r.fp8_scaling);
+        if (!r.q_descale || !r.k_descale || !r.v_descale)
+            return fa_i_fail(FA_ERR_NULL_POINTER, "fp8 needs q_descale, k_descale and v_descale");
+    } else {
+        if (r.o_dtype != FA_DTYPE_F32 && r.o_dtype != r.dtype)
+            return fa_i_fail(FA_ERR_INVALID_ARGUMENT,
+                             "o_dtype %d: only fp8 writes o in another dtype than its inputs",
+                             (int)r.o_dtype);
+        r.o_dtype = r.dtype;
+    }
     if (r.batch <= 0 || r.heads_q <= 0 || r.heads_kv < 0 || r.seqlen_q <= 0 || r.seqlen_k <= 0 ||
         r.head_dim <= 0)
         return fa_i_fail(FA_ERR_INVALID_SIZE,
@@ -878,25 +996,51 @@ static void fa_i_transpose(float *FA_RESTRICT dst, int ldd, const float *FA_REST
         for (c = 0; c < C; ++c) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
 }
 
-/* Loads rows [r0, r0 + rows) of one head, scaled by mul, into dst[rows][ld]
-   (d values, then zeros up to ld). */
-static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout *l, int b,
-                           int h, int r0, int rows, int d, fa_dtype dtype, float mul)
+/* The FP8 descales of one head's rows: row r's is at[r / FA_FP8_BLOCK] with
+   per_block, else at[0]; at NULL (16- and 32-bit storage): 1. */
+typedef struct fa_i_descale {
+    const float *at;
+    int per_block;
+} fa_i_descale;
+
+static const fa_i_descale fa_i_no_descale = {NULL, 0};
+
+/* The descales of head h of batch b in `all` (q_descale, k_descale or
+   v_descale of p, whose tensor has `heads` heads of seqlen rows). */
+static fa_i_descale fa_i_descale_of(const fa_params *p, const float *all, int b, int h, int heads,
+                                    int seqlen)
 {
+    fa_i_descale r = fa_i_no_descale;
+    if (p->dtype != FA_DTYPE_FP8_E4M3) return r;
+    r.at = all + fa_i_descale_index(p->fp8_scaling, b, h, heads, seqlen, 0);
+    r.per_block = p->fp8_scaling == FA_FP8_SCALE_BLOCK;
+    return r;
+}
+
+/* Loads rows [r0, r0 + rows) of one head, scaled by mul and their descales,
+   into dst[rows][ld] (d values, then zeros up to ld). */
+static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout *l, int b,
+                           int h, int r0, int rows, int d, fa_dtype dtype, float mul,
+                           fa_i_descale ds)
+{
+    const int64_t esize = (int64_t)fa_dtype_size(dtype);
     int r, c;
     for (r = 0; r < rows; ++r) {
         float *row = dst + (size_t)r * ld;
+        const float row_mul =
+            ds.at ? mul * ds.at[ds.per_block ? (r0 + r) / FA_FP8_BLOCK : 0] : mul;
 #if FA_CPU_SIMD
         /* Rows of a BSHD tensor sit H * d elements apart, often a page each,
            where the hardware prefetcher stops: fetch a few rows ahead. */
         if (r + FA_I_PREFETCH_ROWS < rows) {
-            const int bytes = d * (dtype == FA_DTYPE_F32 ? 4 : 2);
-            const char *ahead = (const char *)base + fa_i_offset(l, b, h, r0 + r + FA_I_PREFETCH_ROWS) *
-                                                         (dtype == FA_DTYPE_F32 ? 4 : 2);
-            for (c = 0; c < bytes; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
+            const char *ahead =
+                (const char *)base + fa_i_offset(l, b, h, r0 + r + FA_I_PREFETCH_ROWS) * esize;
+            for (c = 0; c < d * esize; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
         }
+#else
+        (void)esize;
 #endif
-        fa_i_load_row(row, base, fa_i_offset(l, b, h, r0 + r), d, dtype, mul);
+        fa_i_load_row(row, base, fa_i_offset(l, b, h, r0 + r), d, dtype, row_mul);
         for (c = d; c < ld; ++c) row[c] = 0.0f;
     }
 }
@@ -907,9 +1051,11 @@ static void fa_i_load_kt(float *kt, int ld, float *row, const fa_params *p, int 
                          int cols)
 {
     const int d = p->head_dim;
+    const fa_i_descale ds = fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k);
     int c, i;
     for (c = 0; c < cols; ++c) {
-        fa_i_load_row(row, p->k, fa_i_offset(&p->k_layout, b, hk, c0 + c), d, p->dtype, 1.0f);
+        fa_i_load_row(row, p->k, fa_i_offset(&p->k_layout, b, hk, c0 + c), d, p->dtype,
+                      ds.at ? ds.at[ds.per_block ? (c0 + c) / FA_FP8_BLOCK : 0] : 1.0f);
         for (i = 0; i < d; ++i) kt[(size_t)i * FA_CPU_BLOCK_N + c] = row[i];
     }
     for (i = 0; i < ld; ++i)
@@ -1015,6 +1161,7 @@ typedef void (*fa_i_task_fn)(const struct fa_i_job *job, int task, float *scratc
 typedef struct fa_i_job {
     const fa_params *p;
     const fa_combine_params *combine; /* the combine job's */
+    const fa_quantize_params *quantize; /* the quantize job's */
     fa_i_task_fn run;
     int num_tasks;
     size_t scratch_floats;
@@ -1253,7 +1400,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     float *l = m + FA_I_BM, *krow = l + FA_I_BM;
     int lo, hi, c0, c_end, r, c;
 
-    fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p));
+    fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p),
+                   fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q));
     memset(o, 0, sizeof(float) * rows * dp);
     for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
@@ -1269,7 +1417,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;
         if (rows <= FA_I_DOT_ROWS) { /* decode: dot products with K's own rows, no transpose */
-            fa_i_load_tile(kt, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+            fa_i_load_tile(kt, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+                           fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k));
             for (r = 0; r < rows; ++r)
                 for (c = 0; c < cols; ++c)
                     s[(size_t)r * FA_I_BN + c] = fa_i_dot(q + (size_t)r * dp, kt + (size_t)c * dp, dp);
@@ -1277,7 +1426,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
             fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
         }
-        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+                       fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k));
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
         for (r = 0; r < rows; ++r) {
             float *srow = s + (size_t)r * FA_I_BN;
@@ -1308,7 +1458,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             continue;
         }
         fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * dp, d,
-                       p->dtype, inv);
+                       p->o_dtype, inv);
         if (p->lse) p->lse[lse_at] = lse;
     }
 }
@@ -1342,13 +1492,15 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
     for (c0 = 0; c0 < p->seqlen_k; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
-        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+                       fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k));
         for (r0 = 0; r0 < nq; r0 += FA_I_BM) {
             const int rows = nq - r0 < FA_I_BM ? nq - r0 : FA_I_BM;
             const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
             if (!vis) continue;
             fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype,
-                           fa_i_q_multiplier(p));
+                           fa_i_q_multiplier(p),
+                           fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q));
             fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
             fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
             for (r = 0; r < rows; ++r) { /* P~ = exp(S - m~), l~ = rowsum(P~) */
@@ -1379,7 +1531,7 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
     }
     for (r = 0; r < nq; ++r) {
         fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r), o_state + (size_t)r * d, d,
-                       p->dtype, 1.0f);
+                       p->o_dtype, 1.0f);
         if (p->lse)
             p->lse[((size_t)b * p->heads_q + h) * nq + r] =
                 l_state[r] > 0.0f ? (m_state[r] + log2f(l_state[r])) * FA_I_LN2 : -INFINITY;
@@ -1448,9 +1600,10 @@ static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, 
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
     int r;
     const int dp = FA_I_PAD(p->head_dim);
-    fa_i_load_tile(x->q, dp, p->q, &p->q_layout, b, h, r0, rows, p->head_dim, p->dtype, 1.0f);
+    fa_i_load_tile(x->q, dp, p->q, &p->q_layout, b, h, r0, rows, p->head_dim, p->dtype, 1.0f,
+                   fa_i_no_descale);
     fa_i_load_tile(x->dout, dp, p->dout, &p->dout_layout, b, h, r0, rows, p->head_dim, p->dtype,
-                   1.0f);
+                   1.0f, fa_i_no_descale);
     for (r = 0; r < rows; ++r) {
         /* A fully masked row has LSE = -inf; +inf makes its P = 2^(-inf) = 0. */
         const float lse = p->lse[lse_base + r];
@@ -1464,9 +1617,11 @@ static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, i
                                int cols)
 {
     const int d = p->head_dim, dp = FA_I_PAD(d);
-    fa_i_load_tile(x->k, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+    fa_i_load_tile(x->k, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+                   fa_i_no_descale);
     fa_i_transpose_keys(x->kt, x->k, dp, cols);
-    fa_i_load_tile(x->t, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f);
+    fa_i_load_tile(x->t, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+                   fa_i_no_descale);
     fa_i_transpose_keys(x->vt, x->t, dp, cols);
 }
 
@@ -1684,7 +1839,7 @@ static fa_status fa_i_forward_split(fa_i_job *job, const fa_cpu_options *o)
         lse_parts[i] = job->shared + job->splits * o_floats + i * lse_floats;
     }
     c.o_parts = o_parts, c.lse_parts = lse_parts;
-    c.dtype = p->dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
+    c.dtype = p->o_dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
     if (s == FA_OK) s = fa_combine_resolve(&c, &c);
     if (s == FA_OK) s = fa_i_run_combine(&c, o);
     FA_FREE(job->shared);
@@ -1751,6 +1906,142 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
         s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BN),
                             &job.num_tasks);
         if (s == FA_OK) s = fa_i_run_job(&job, &o);
+    }
+    FA_FREE(job.shared);
+    return s;
+}
+
+/* ---- FP8 quantization ------------------------------------------------------
+   Two passes over the row blocks of FA_FP8_BLOCK rows of each head: each
+   block's amax (job->shared), then, with the descale of its group (block,
+   head or tensor) fixed, the e4m3 values. The Hadamard rotation is redone
+   in the second pass rather than kept (d floats of scratch). */
+
+/* Row r of (b, h) of the quantize job's x, rotated if it asks, into row. */
+static void fa_i_quantize_row(const fa_quantize_params *p, int b, int h, int r, float *row)
+{
+    const int d = p->head_dim;
+    int len, i, j;
+    fa_i_load_row(row, p->x, fa_i_offset(&p->x_layout, b, h, r), d, p->dtype, 1.0f);
+    if (!p->hadamard) return;
+    for (i = 0; i < d; ++i) row[i] *= fa_i_hadamard_sign(p->hadamard_seed, i);
+    for (len = 1; len < d; len <<= 1) /* fast Walsh-Hadamard transform */
+        for (i = 0; i < d; i += 2 * len)
+            for (j = i; j < i + len; ++j) {
+                const float a = row[j], c = row[j + len];
+                row[j] = a + c;
+                row[j + len] = a - c;
+            }
+    for (i = 0; i < d; ++i) row[i] *= 1.0f / sqrtf((float)d);
+}
+
+static int fa_i_quantize_blocks(const fa_quantize_params *p)
+{
+    return (int)(((int64_t)p->seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK);
+}
+
+/* Pass 1, task = block of (b, h): its amax into job->shared[task]. */
+static void fa_i_quantize_amax_task(const fa_i_job *job, int task, float *row)
+{
+    const fa_quantize_params *p = job->quantize;
+    const int blocks = fa_i_quantize_blocks(p), blk = task % blocks, bh = task / blocks;
+    const int r_end = blk * FA_FP8_BLOCK + FA_FP8_BLOCK < p->seqlen ? blk * FA_FP8_BLOCK + FA_FP8_BLOCK
+                                                                    : p->seqlen;
+    float amax = 0.0f;
+    int r, i;
+    for (r = blk * FA_FP8_BLOCK; r < r_end; ++r) {
+        fa_i_quantize_row(p, bh / p->heads, bh % p->heads, r, row);
+        for (i = 0; i < p->head_dim; ++i) amax = fabsf(row[i]) > amax ? fabsf(row[i]) : amax;
+    }
+    job->shared[task] = amax;
+}
+
+/* Pass 2, task = block of (b, h): e4m3 values by its group's descale. */
+static void fa_i_quantize_store_task(const fa_i_job *job, int task, float *row)
+{
+    const fa_quantize_params *p = job->quantize;
+    const int blocks = fa_i_quantize_blocks(p), blk = task % blocks, bh = task / blocks;
+    const int b = bh / p->heads, h = bh % p->heads;
+    const int r_end = blk * FA_FP8_BLOCK + FA_FP8_BLOCK < p->seqlen ? blk * FA_FP8_BLOCK + FA_FP8_BLOCK
+                                                                    : p->seqlen;
+    const float inv = 1.0f / p->descale[fa_i_descale_index(p->scaling, b, h, p->heads, p->seqlen,
+                                                           blk * FA_FP8_BLOCK)];
+    int r, i;
+    for (r = blk * FA_FP8_BLOCK; r < r_end; ++r) {
+        uint8_t *out = (uint8_t *)p->out + fa_i_offset(&p->out_layout, b, h, r);
+        fa_i_quantize_row(p, b, h, r, row);
+        for (i = 0; i < p->head_dim; ++i) out[i] = fa_f32_to_e4m3(row[i] * inv);
+    }
+}
+
+FA_API fa_status fa_quantize_resolve(const fa_quantize_params *p, fa_quantize_params *resolved)
+{
+    fa_quantize_params r;
+    fa_status s;
+    fa_i_detail[0] = '\0';
+    if (!p) return fa_i_fail(FA_ERR_NULL_POINTER, "params is NULL");
+    r = *p;
+    if (r.batch <= 0 || r.heads <= 0 || r.seqlen <= 0 || r.head_dim <= 0)
+        return fa_i_fail(FA_ERR_INVALID_SIZE,
+                         "batch %d, heads %d, seqlen %d, head_dim %d: each must be positive",
+                         r.batch, r.heads, r.seqlen, r.head_dim);
+    if (r.head_dim > FA_MAX_HEAD_DIM)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d > %d", r.head_dim, FA_MAX_HEAD_DIM);
+    if (r.dtype != FA_DTYPE_F32 && r.dtype != FA_DTYPE_F16 && r.dtype != FA_DTYPE_BF16)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "dtype %d: quantize takes f32, f16 or bf16",
+                         (int)r.dtype);
+    if ((int)r.scaling < 0 || r.scaling >= FA_FP8_SCALE_COUNT)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "scaling %d is not a fa_fp8_scaling",
+                         (int)r.scaling);
+    if (r.hadamard && (r.head_dim & (r.head_dim - 1)))
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT,
+                         "hadamard needs a power-of-two head_dim, not %d", r.head_dim);
+    if (!r.x || !r.out || !r.descale)
+        return fa_i_fail(FA_ERR_NULL_POINTER, "x, out and descale are required");
+    if ((s = fa_i_check_layout(&r.x_layout, "x_layout", r.batch, r.seqlen, r.heads, r.head_dim)) !=
+            FA_OK ||
+        (s = fa_i_check_layout(&r.out_layout, "out_layout", r.batch, r.seqlen, r.heads,
+                               r.head_dim)) != FA_OK)
+        return s;
+    if ((int64_t)r.batch * r.heads * (((int64_t)r.seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK) >
+        0x7fffffff)
+        return fa_i_fail(FA_ERR_INVALID_SIZE, "more than 2^31 - 1 row blocks");
+    if (resolved) *resolved = r;
+    return FA_OK;
+}
+
+FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_cpu_options *opt)
+{
+    fa_quantize_params p;
+    fa_cpu_options o;
+    fa_i_job job;
+    fa_status s;
+    int blocks, bh, i, j;
+    if ((s = fa_quantize_resolve(params, &p)) != FA_OK) return s;
+    if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
+    blocks = fa_i_quantize_blocks(&p);
+    bh = p.batch * p.heads;
+    memset(&job, 0, sizeof job);
+    job.quantize = &p;
+    job.scratch_floats = (size_t)p.head_dim;
+    job.num_tasks = bh * blocks;
+    job.shared = (float *)FA_MALLOC(sizeof(float) * (size_t)job.num_tasks);
+    if (!job.shared) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "%d block maxima", job.num_tasks);
+    job.run = fa_i_quantize_amax_task;
+    s = fa_i_run_job(&job, &o);
+    if (s == FA_OK) { /* descale = amax / 448 of each group; 1 where it is all zero */
+        const int groups = p.scaling == FA_FP8_SCALE_BLOCK ? job.num_tasks
+                           : p.scaling == FA_FP8_SCALE_HEAD ? bh : 1;
+        const int per = job.num_tasks / groups;
+        for (i = 0; i < groups; ++i) {
+            float amax = 0.0f;
+            for (j = 0; j < per; ++j)
+                amax = job.shared[i * per + j] > amax ? job.shared[i * per + j] : amax;
+            p.descale[i] = amax > 0.0f ? amax / 448.0f : 1.0f;
+        }
+        job.run = fa_i_quantize_store_task;
+        job.next_task = 0;
+        s = fa_i_run_job(&job, &o);
     }
     FA_FREE(job.shared);
     return s;

@@ -25,8 +25,8 @@
 
    CONTENTS  sections in dataflow order; search for ">> name"
      >> api  >> options  >> tile tables  >> types  >> ptx helpers  >> common
-     >> fa1  >> fa2 forward  >> fa3 forward  >> backward common
-     >> fa2 backward  >> fa3 backward  >> instantiation  >> host
+     >> fa1  >> fa2 forward  >> fa3 forward  >> decode  >> combine  >> quantize
+     >> backward common  >> fa2 backward  >> fa3 backward  >> instantiation  >> host
 
    INCLUDE TREE  kernels are stamped per head dim and dtype by including this
    file again; FA_I_PASS names the one block that is live in such an include,
@@ -84,6 +84,11 @@ FA_API fa_status fa_cuda_backward(const fa_params *p, int deterministic, void *w
    device pointers in o_parts, lse_parts (host arrays of them), o and lse. */
 FA_API fa_status fa_cuda_combine(const fa_combine_params *p, cudaStream_t stream);
 
+/* Quantizes x to e4m3 with block descales (fa_quantize_params in
+   flashattn.h, scaling FA_FP8_SCALE_BLOCK; the others: fa_cpu_quantize_fp8)
+   on the stream, device pointers; compute capability 8.9 and newer. */
+FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
@@ -113,7 +118,7 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *p, cudaStream_t stream
    Lab switches (ablations; the default builds what the tile tables ask for):
      FA_FA3_OVERLAP      1: a key tile's S = QK^T is issued with the previous
                          tile's PV, so the softmax overlaps a GEMM; 0: one after
-                         the other
+                         the other (and no FP8 kernels)
      FA_FA3_PINGPONG     1: tiles whose PINGPONG column is 1 alternate their
                          warpgroups' GEMMs; 0: no tile does
      FA_FA3_SPECULATIVE  1: tiles whose SOFTMAX column is 1 or 2 use speculative
@@ -185,6 +190,10 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *p, cudaStream_t stream
 #define FA_I_PASS_FA3_BWD 7
 #define FA_I_PASS_DECODE 8
 
+/* FP8 forward: P = 2^(s - max + FA_I_FP8_P_SHIFT), in [0, 256], so that
+   small probabilities keep e4m3's normal range (the row sums carry it, LSE
+   takes it off). */
+#define FA_I_FP8_P_SHIFT 8.0f
 #define FA_I_LOG2E_F 1.4426950408889634f
 #define FA_I_LN2_F 0.6931471805599453f
 #endif /* >> options */
@@ -199,6 +208,8 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *p, cudaStream_t stream
 #if defined(FA_I_TOP) && !defined(FA_I_PASS)
 /* A column of a row: FA_I_COL(FA2_FWD, KEYS, FA_FA2_FWD_TILE_64). */
 #define FA_I_COL(table, column, row) FA_I_APPLY(FA_I_##table##_##column, (row))
+/* The same of a row given in parentheses, which passes through macros as one argument. */
+#define FA_I_COLP(table, column, prow) FA_I_APPLY(FA_I_##table##_##column, prow)
 
 /* FA2 forward (mma.sync): one CTA per query block.
      ROWS    query rows per CTA: 16 or 32 per warp
@@ -389,6 +400,20 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *p, cudaStream_t stream
 #define FA_I_FA3_FWD_PINGPONG(rows, keys, stages, qbufs, pingpong, softmax, l2) pingpong
 #define FA_I_FA3_FWD_SOFTMAX(rows, keys, stages, qbufs, pingpong, softmax, l2) softmax
 #define FA_I_FA3_FWD_L2HINTS(rows, keys, stages, qbufs, pingpong, softmax, l2) l2
+
+/* FA3 FP8 forward (Hopper, e4m3 Q, K, V): the FA3 forward's columns, with
+   SOFTMAX 0 and KEYS of FA_FP8_BLOCK (one descale of K and V per tile);
+   ROWS 0: none at that head dim.
+                                 ROWS KEYS STAGES QBUFS PINGPONG SOFTMAX L2HINTS */
+#ifndef FA_FA3_FP8_TILE_64
+#define FA_FA3_FP8_TILE_64        128, 128, 2,     1,    0,       0,      0
+#endif
+#ifndef FA_FA3_FP8_TILE_128
+#define FA_FA3_FP8_TILE_128       128, 128, 2,     1,    0,       0,      0
+#endif
+#ifndef FA_FA3_FP8_TILE_256
+#define FA_FA3_FP8_TILE_256       0,   0,   0,     0,    0,       0,      0
+#endif
 
 /* FA3 backward (Hopper, atomic mode): one CTA of two warpgroups per key block.
      KEYS    keys per CTA: 128 (a warpgroup owns 64) or 64 (both warpgroups
@@ -618,6 +643,25 @@ static __device__ __forceinline__ uint32_t fa_i_pack_bf16(float lo, float hi)
     return r;
 }
 
+/* Four floats to one register of e4m3 bytes, a in the lowest (round to
+   nearest even, saturated to +-448, NaN kept). The conversion exists from
+   compute capability 8.9; the host runs no FP8 kernel below it. */
+static __device__ __forceinline__ uint32_t fa_i_pack_e4m3(float a, float b, float c, float d)
+{
+    uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+#else
+    (void)a, (void)b, (void)c, (void)d;
+#endif
+    return r;
+}
+
 static __device__ __forceinline__ float fa_i_dev_exp2(float x)
 {
     float y;
@@ -824,6 +868,14 @@ static __device__ __forceinline__ uint64_t fa_i_wgmma_desc(uint32_t addr, uint32
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lead & 0x3FFFF) >> 4) << 16 |
            (uint64_t)((stride & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
 }
+/* A K-major tile of rows of rb bytes (128: the 128-byte swizzle; 64: the
+   64-byte one, FP8 at d = 64): 8-row groups rb * 8 bytes apart. */
+static __device__ __forceinline__ uint64_t fa_i_wgmma_desc_rows(uint32_t addr, int rb)
+{
+    return rb == 128 ? fa_i_wgmma_desc(addr, 16, 1024)
+                     : (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 |
+                           (uint64_t)(512 >> 4) << 32 | (uint64_t)2 << 62;
+}
 
 /* The descriptor of a tile `bytes` further on. An opaque add, issued where
    it is used: left to itself the compiler keeps every k-step's descriptor of
@@ -840,13 +892,19 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
    and b with a_rows and b_rows rows, 128-byte swizzle; WGMMA is the SS
    wrapper whose N is B's rows; the first step overwrites acc. Used by the
    forward's S = Q K^T and the backward's S^T and dP^T. */
-#define FA_I_SM90_GEMM_NT(WGMMA, acc, a, a_rows, b, b_rows)                                   \
+#define FA_I_SM90_GEMM_NT(WGMMA, acc, a, a_rows, b, b_rows) \
+    FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, FA_I_D / 16, 128)
+/* The same over `steps` steps of 32 bytes (k16 of 16-bit elements, k32 of
+   FP8) in tiles [chunks][rows][rb] of rows of rb bytes (fa_i_wgmma_desc_rows). */
+#define FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, steps, rb)                         \
     do {                                                                                      \
-        const uint64_t ad_ = fa_i_wgmma_desc(a, 16, 1024), bd_ = fa_i_wgmma_desc(b, 16, 1024); \
+        const uint64_t ad_ = fa_i_wgmma_desc_rows(a, rb), bd_ = fa_i_wgmma_desc_rows(b, rb);  \
         int k_;                                                                               \
-        _Pragma("unroll") for (k_ = 0; k_ < FA_I_D / 16; ++k_) /* chunk k / 4, 32 B a step */ \
-            WGMMA(acc, fa_i_desc_add(ad_, (k_ >> 2) * (a_rows) * 128 + (k_ & 3) * 32),        \
-                  fa_i_desc_add(bd_, (k_ >> 2) * (b_rows) * 128 + (k_ & 3) * 32), k_ > 0);    \
+        _Pragma("unroll") for (k_ = 0; k_ < (steps); ++k_) /* chunk k / (rb / 32) */          \
+            WGMMA(acc,                                                                        \
+                  fa_i_desc_add(ad_, (k_ / ((rb) / 32)) * (a_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
+                  fa_i_desc_add(bd_, (k_ / ((rb) / 32)) * (b_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
+                  k_ > 0);                                                                    \
     } while (0)
 
 /* Issues acc += A B over an inner dimension of kdim (one k16 step per
@@ -861,6 +919,18 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
         int k_;                                                                               \
         _Pragma("unroll") for (k_ = 0; k_ < (kdim) / 16; ++k_) /* 16 rows of 128 B a step */  \
             WGMMA(acc, (a) + 4 * k_, fa_i_desc_add(bd_, k_ * 2048));                          \
+    } while (0)
+
+/* Issues acc += P V over kdim keys (one k32 step per wgmma) with P in e4m3
+   from registers, 4 per step, and V^T the K-major [d][128] tile at b (keys
+   of one 128-key row, 128-byte swizzle, in the order of P's registers: see
+   fa_i_fa3_transpose_v). The FP8 forward's O += P V. */
+#define FA_I_SM90_GEMM_RS8(WGMMA, acc, a, b, kdim)                                            \
+    do {                                                                                      \
+        const uint64_t bd_ = fa_i_wgmma_desc(b, 16, 1024);                                    \
+        int k_;                                                                               \
+        _Pragma("unroll") for (k_ = 0; k_ < (kdim) / 32; ++k_)                                \
+            WGMMA(acc, (a) + 4 * k_, fa_i_desc_add(bd_, k_ * 32));                            \
     } while (0)
 
 /* wgmma wrappers. The accumulator of m64nNk16 is N/2 floats per thread, each
@@ -908,23 +978,29 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
    operand numbers of the A descriptor, B descriptor and accumulate flag.
    KIND ss: both operands K-major; sst: both transposed (MN-major, the
    backward's dQ = dS K with dS^T and K stored [keys][...]). */
-#define FA_I_DEFINE_WGMMA_SS(KIND, TRANS, N, NACC, DT, IA, IB, IS)                            \
+#define FA_I_DEFINE_WGMMA_SS(KIND, TRANS, N, NACC, DT, IA, IB, IS) \
+    FA_I_DEFINE_WGMMA_SS_K(KIND, ", " TRANS, N, 16, NACC, DT, IA, IB, IS)
+#define FA_I_DEFINE_WGMMA_RS(N, NACC, DT, IA, IB, IS) \
+    FA_I_DEFINE_WGMMA_RS_K(", 1", N, 16, NACC, DT, IA, IB, IS)
+/* The same of any K: TRANS is the transpose immediates with their comma
+   (none for FP8, which has no transposes). */
+#define FA_I_DEFINE_WGMMA_SS_K(KIND, TRANS, N, K, NACC, DT, IA, IB, IS)                       \
     static __device__ __forceinline__ void fa_i_wgmma_##KIND##_##DT##_n##N(                   \
         float *d, uint64_t a, uint64_t b, int accumulate)                                     \
     {                                                                                         \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IS ", 0;\n"                           \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #DT "." #DT " {"         \
-                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1, " TRANS ";\n}\n"              \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." #DT "." #DT " {"     \
+                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1" TRANS ";\n}\n"                \
                      : FA_I_ACC##NACC(d)                                                      \
                      : "l"(a), "l"(b), "r"(accumulate));                                      \
     }
-#define FA_I_DEFINE_WGMMA_RS(N, NACC, DT, IA, IB, IS)                                         \
+#define FA_I_DEFINE_WGMMA_RS_K(TRANS, N, K, NACC, DT, IA, IB, IS)                             \
     static __device__ __forceinline__ void fa_i_wgmma_rs_##DT##_n##N(float *d, const uint32_t *a, \
                                                                      uint64_t b)              \
     {                                                                                         \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IS ", 0;\n"                           \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #DT "." #DT " {"         \
-                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1, 1;\n}\n"                      \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." #DT "." #DT " {"     \
+                     FA_I_REGS##NACC "}, " IA ", " IB ", p, 1, 1" TRANS ";\n}\n"                \
                      : FA_I_ACC##NACC(d)                                                      \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));           \
     }
@@ -946,9 +1022,32 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
     FA_I_DEFINE_WGMMA_RS(256, 128, DT, "{%128,%129,%130,%131}", "%132", "%133")
 FA_I_DEFINE_WGMMA_SET(f16)
 FA_I_DEFINE_WGMMA_SET(bf16)
+/* FP8: S tiles of 128 keys, O tiles of d. */
+FA_I_DEFINE_WGMMA_SS_K(ss, "", 128, 32, 64, e4m3, "%64", "%65", "%66")
+FA_I_DEFINE_WGMMA_RS_K("", 64, 32, 32, e4m3, "{%32,%33,%34,%35}", "%36", "%37")
+FA_I_DEFINE_WGMMA_RS_K("", 128, 32, 64, e4m3, "{%64,%65,%66,%67}", "%68", "%69")
+FA_I_DEFINE_WGMMA_RS_K("", 256, 32, 128, e4m3, "{%128,%129,%130,%131}", "%132", "%133")
 #undef FA_I_DEFINE_WGMMA_SET
 #undef FA_I_DEFINE_WGMMA_SS
 #undef FA_I_DEFINE_WGMMA_RS
+#undef FA_I_DEFINE_WGMMA_SS_K
+#undef FA_I_DEFINE_WGMMA_RS_K
+
+/* ldmatrix x4 (16-bit, no transpose) and stmatrix x4 with transpose, by
+   shared-memory address: each lane gives one row address (lanes 8i..8i+7
+   the rows of matrix i). */
+static __device__ __forceinline__ void fa_i_ldsm_x4(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void fa_i_stsm_x4_trans(uint32_t addr, const uint32_t r[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
 #endif /* FA_I_SM90 && __CUDA_ARCH_FEAT_SM90_ALL */
 #endif /* >> ptx helpers */
 
@@ -1547,7 +1646,9 @@ enum { FA_I_MASK_HI = 1, FA_I_MASK_LO = 2 };
    addresses. */
 typedef struct fa_i_fa3_smem {
     uint32_t sq, sk, sv, so; /* Q buffers, K ring, V ring, O's own buffer */
+    uint32_t svr;            /* FP8: the ring V arrives in, before its transpose into sv */
     uint32_t q_full, q_empty, k_full, v_full, k_empty, v_empty, o_read;
+    uint32_t vr_full, vr_empty; /* FP8: svr's stages */
 } fa_i_fa3_smem;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1619,6 +1720,17 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, int64_t 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_FA3_FWD
 /* This variant's tile (FA_I_FA3_ROW, FA_I_FA3_* from >> instantiation). */
 #define FA_I_FA3(column) FA_I_COL(FA3_FWD, column, FA_I_FA3_ROW)
+/* Q, K, V elements: bytes each (FA_I_FP8: e4m3), bytes of a swizzled row
+   (64 elements of 16 bits; FP8 rows of d, at most 128), elements of d per
+   such row, and P's registers per thread (4 e4m3 or 2 16-bit values each). */
+#define FA_I_FA3_ES (FA_I_FP8 ? 1 : 2)
+#define FA_I_FA3_RB (FA_I_FP8 && FA_I_D < 128 ? FA_I_D : 128)
+#define FA_I_FA3_CE (FA_I_FA3_RB / FA_I_FA3_ES)
+#define FA_I_FA3_PR (FA_I_FA3(KEYS) * FA_I_FA3_ES / 8)
+/* Where the producer's TMA puts V and which barrier frees that buffer: the
+   V ring, or with FP8 the ring V is transposed from. */
+#define FA_I_FA3_V_IN(L) (FA_I_FP8 ? (L)->svr : (L)->sv)
+#define FA_I_FA3_V_IN_EMPTY(L) (FA_I_FP8 ? (L)->vr_empty : (L)->v_empty)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_I_WGMMA_QK FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), FA_I_CAT(_n, FA_I_FA3(KEYS)))
 #define FA_I_WGMMA_PV FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D))
@@ -1630,23 +1742,32 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, int64_t 
 #define FA_I_FA3_FORM (FA_FA3_SPECULATIVE ? FA_I_FA3(SOFTMAX) : 0)
 static_assert(FA_I_FA3_FORM != 1 || FA_I_FA3_NC == 2,
               "flashattn: FA3 SOFTMAX form 1 needs two consumer warpgroups");
+static_assert(!FA_I_FP8 || (FA_I_FA3_FORM == 0 && FA_FP8_BLOCK % 64 == 0 &&
+                            FA_I_FA3_BN == FA_FP8_BLOCK && FA_I_FA3_O_APART),
+              "flashattn: FP8 tiles take SOFTMAX form 0, FA_FP8_BLOCK keys (one descale of K "
+              "and V each; a warpgroup's 64 rows have one of Q), and O's own buffer");
 
 /* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_qk)(float *s, uint32_t sq, uint32_t sk)
 {
     enum { BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN };
     fa_i_wgmma_fence();
-    FA_I_SM90_GEMM_NT(FA_I_WGMMA_QK, s, sq, BM, sk, BN);
+    FA_I_SM90_GEMM_K(FA_I_WGMMA_QK, s, sq, BM, sk, BN, FA_I_D * FA_I_FA3_ES / 32, FA_I_FA3_RB);
     fa_i_wgmma_commit();
 }
 
-/* Issues O += P V with P (16-bit pairs) in registers (one commit group). */
+/* Issues O += P V with P (16-bit pairs, or FP8 quads against V^T) in
+   registers (one commit group). */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_pv)(float *o, const uint32_t *pr,
                                                                 uint32_t sv)
 {
     enum { BN = FA_I_FA3_BN };
     fa_i_wgmma_fence();
+#if FA_I_FP8
+    FA_I_SM90_GEMM_RS8(FA_I_WGMMA_PV, o, pr, sv, BN);
+#else
     FA_I_SM90_GEMM_RS(FA_I_WGMMA_PV, o, pr, sv, BN, BN);
+#endif
     fa_i_wgmma_commit();
 }
 
@@ -1698,6 +1819,9 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_exps)(float *s, flo
         ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
         alpha[half] = fa_i_dev_exp2(m_run[half] - ref);
         m_run[half] = mx;
+#if FA_I_FP8
+        ref -= FA_I_FP8_P_SHIFT; /* P in [0, 2^8]: e4m3's range (FA3, section 3.3) */
+#endif
 #pragma unroll
         for (i = 0; i < BN / 8; ++i) {
             float *e = s + 4 * i + 2 * half;
@@ -1718,6 +1842,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(
     FA_I_KNAME_V(fa_i_fa3_exps)(s, log2_scale, m_run, l_run, alpha);
 }
 
+#if !FA_I_FP8
 /* The speculative softmax of forms 1 and 2: the exps run against the
    running max, without the tile's own max. A thread whose 32 exps of a row
    sum to at most FA_I_SPEC_SUM_MAX has no P above it, and if no thread of
@@ -1770,21 +1895,32 @@ static __device__ __forceinline__ int FA_I_KNAME_V(fa_i_fa3_softmax_spec)(
     l_run[1] += sum[1];
     return 0;
 }
+#endif /* !FA_I_FP8 */
 
 /* O *= alpha per row; P to 16-bit pairs in the A-fragment order of the RS
-   wgmma, which is the accumulator order: k16 slice k takes S[8k .. 8k + 7]. */
+   wgmma, which is the accumulator order: k16 slice k takes S[8k .. 8k + 7].
+   FP8: register q of k32 slice k takes S[16k + b + {0, 1, 4, 5}], b = 8 (q / 2)
+   + 2 (q % 2): keys {2t, 2t + 1, 8 + 2t, 9 + 2t} (+16) of lane 4g + t where the
+   A fragment wants 4t .. 4t + 3, so V^T holds its keys in that order
+   (fa_i_fa3_transpose_v) and no bytes move between lanes. */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_rescale_pack)(float *o, const float *s,
                                                                           uint32_t *pr,
                                                                           const float *alpha,
                                                                           int rescale)
 {
-    enum { BN = FA_I_FA3_BN };
     int i;
     if (rescale)
 #pragma unroll
         for (i = 0; i < FA_I_D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
 #pragma unroll
-    for (i = 0; i < BN / 4; ++i) pr[i] = FA_I_PACK(s[2 * i], s[2 * i + 1]);
+    for (i = 0; i < FA_I_FA3_PR; ++i) {
+#if FA_I_FP8
+        const float *q = s + 16 * (i >> 2) + 8 * ((i >> 1) & 1) + 2 * (i & 1);
+        pr[i] = fa_i_pack_e4m3(q[0], q[1], q[4], q[5]);
+#else
+        pr[i] = FA_I_PACK(s[2 * i], s[2 * i + 1]);
+#endif
+    }
 }
 
 /* A consumer warpgroup's running state over one query tile's key tiles. */
@@ -1794,15 +1930,17 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_rescale_pack)(float
 
 /* Key tile n's scores on their own (a tile's first, or every one without
    the overlap): S = Q K(n)^T, K's stage released, form 0's softmax, O
-   rescaled and P packed. */
+   rescaled and P packed. s_mul: the factor of S before a softcap (the
+   FP8 descales; 1 otherwise). */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
     const fa_params *p, const fa_i_fa3_smem *L, uint32_t sq_wg, fa_i_ring kn, int n, int mask,
-    const int *lo, const int *hi, float log2_scale, int cw, FA_I_FA3_ROWS_STATE)
+    const int *lo, const int *hi, float log2_scale, float s_mul, int cw, FA_I_FA3_ROWS_STATE)
 {
     enum {
-        BN = FA_I_FA3_BN, NC = FA_I_FA3_NC, TILE = BN * FA_I_D * 2,
+        BN = FA_I_FA3_BN, NC = FA_I_FA3_NC, TILE = BN * FA_I_D * FA_I_FA3_ES,
         PINGPONG = FA_I_FA3_PP
     };
+    int i;
     fa_i_mbar_wait(L->k_full + 8 * kn.stage, kn.phase);
     fa_i_fa3_turn_begin(PINGPONG, cw);
     FA_I_KNAME_V(fa_i_fa3_qk)(s, sq_wg, L->sk + kn.stage * TILE);
@@ -1810,6 +1948,9 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
     FA_I_WGMMA_WAIT(0);
     fa_i_fence_f32(s, BN / 2);
     if ((threadIdx.x & 31) == 0) fa_i_mbar_arrive(L->k_empty + 8 * kn.stage);
+    if (p->softcap > 0.0f)
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) s[i] *= s_mul;
     FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(p, s, n * BN, mask, lo, hi, log2_scale, m_run, l_run, alpha);
     FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
 }
@@ -1821,7 +1962,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_issue)(
     float *s, const uint32_t *pr)
 {
     enum {
-        BN = FA_I_FA3_BN, NC = FA_I_FA3_NC, TILE = BN * FA_I_D * 2,
+        BN = FA_I_FA3_BN, NC = FA_I_FA3_NC, TILE = BN * FA_I_D * FA_I_FA3_ES,
         PINGPONG = FA_I_FA3_PP
     };
     fa_i_mbar_wait2(L->k_full + 8 * kn.stage, kn.phase, L->v_full + 8 * vprev.stage, vprev.phase);
@@ -1832,25 +1973,35 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_issue)(
 }
 
 /* Form 0: S(n) waited for alone, its softmax (row max first) while PV(n - 1)
-   runs, then PV's wait, O rescaled and P packed. */
+   runs, then PV's wait, O rescaled and P packed. s_mul as in first_step;
+   o_mul: a factor of O beside the softmax's (FP8: V(n - 1)'s descale over
+   V(n)'s, O being kept in units of the last V tile's; 1 otherwise). */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_rowmax)(
     const fa_params *p, const fa_i_fa3_smem *L, uint32_t sq_wg, fa_i_ring kn, fa_i_ring vprev,
-    int n, int mask, const int *lo, const int *hi, float log2_scale, int cw, FA_I_FA3_ROWS_STATE)
+    int n, int mask, const int *lo, const int *hi, float log2_scale, float s_mul, float o_mul,
+    int cw, FA_I_FA3_ROWS_STATE)
 {
     enum { BN = FA_I_FA3_BN };
     const int lane = threadIdx.x & 31;
+    int i;
     FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(1);
     fa_i_fence_f32(s, BN / 2);
     if (lane == 0) fa_i_mbar_arrive(L->k_empty + 8 * kn.stage);
+    if (p->softcap > 0.0f)
+#pragma unroll
+        for (i = 0; i < BN / 2; ++i) s[i] *= s_mul;
     FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(p, s, n * BN, mask, lo, hi, log2_scale, m_run, l_run, alpha);
+    alpha[0] *= o_mul;
+    alpha[1] *= o_mul;
     FA_I_WGMMA_WAIT(0);
     fa_i_fence_f32(o, FA_I_D / 2);
-    fa_i_fence_u32(pr, BN / 4);
+    fa_i_fence_u32(pr, FA_I_FA3_PR);
     if (lane == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
     FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
 }
 
+#if !FA_I_FP8
 /* Form 1: S(n) waited for alone, speculative exps into fp32 while PV(n - 1)
    runs, then PV's wait; O rescaled only where the exps were redone. */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_spec)(
@@ -1894,6 +2045,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_packed)(
                                             m_run, l_run, alpha))
         FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
 }
+#endif /* !FA_I_FP8 */
 
 /* The producer thread: each tile's Q, then the key tiles that any of its
    rows sees, into the ring; with O staged in the ring (no O_APART), a
@@ -1903,8 +2055,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
 {
     enum {
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
-        CHUNKS = D / 64, TILE = BN * D * 2, Q_BUFS = FA_I_FA3_Q_BUFS,
-        Q_BYTES = BM * D * 2, O_IN_RING = !FA_I_FA3_O_APART,
+        CE = FA_I_FA3_CE, RB = FA_I_FA3_RB, CHUNKS = D / CE, TILE = BN * D * FA_I_FA3_ES,
+        Q_BUFS = FA_I_FA3_Q_BUFS, Q_BYTES = BM * D * FA_I_FA3_ES, O_IN_RING = !FA_I_FA3_O_APART,
         L2_HINTS = FA_I_FA3(L2HINTS)
     };
     const uint64_t once = L2_HINTS ? FA_I_L2_EVICT_FIRST : FA_I_L2_EVICT_NORMAL;
@@ -1927,7 +2079,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         fa_i_mbar_wait(L->q_empty + 8 * q.stage, q.phase ^ 1);
         fa_i_mbar_expect_tx(L->q_full + 8 * q.stage, Q_BYTES);
         for (c = 0; c < CHUNKS; ++c)
-            fa_i_tma_load(L->sq + q.stage * Q_BYTES + c * BM * 128, &maps->q, 64 * c, mb * BM, h,
+            fa_i_tma_load(L->sq + q.stage * Q_BYTES + c * BM * RB, &maps->q, CE * c, mb * BM, h,
                           b, L->q_full + 8 * q.stage, once);
         /* key tiles no row of this tile sees are never loaded */
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
@@ -1937,18 +2089,21 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
             fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
             for (c = 0; c < CHUNKS; ++c)
-                fa_i_tma_load(L->sk + st * TILE + c * BN * 128, &maps->k, 64 * c, n * BN, hk, b,
+                fa_i_tma_load(L->sk + st * TILE + c * BN * RB, &maps->k, CE * c, n * BN, hk, b,
                               L->k_full + 8 * st, reused);
-            fa_i_mbar_wait(L->v_empty + 8 * st, r.phase ^ 1);
+            fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
             if (o_there) {
                 fa_i_mbar_wait(L->o_read + 8 * (STAGES + st), (o_parity >> st) & 1);
                 o_parity ^= 1u << st;
                 staged &= ~(1u << st);
             }
-            fa_i_mbar_expect_tx(L->v_full + 8 * st, TILE);
-            for (c = 0; c < CHUNKS; ++c)
-                fa_i_tma_load(L->sv + st * TILE + c * BN * 128, &maps->v, 64 * c, n * BN, hk, b,
-                              L->v_full + 8 * st, reused);
+            {
+                const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
+                fa_i_mbar_expect_tx(full, TILE);
+                for (c = 0; c < CHUNKS; ++c)
+                    fa_i_tma_load(FA_I_FA3_V_IN(L) + st * TILE + c * BN * RB, &maps->v, CE * c,
+                                  n * BN, hk, b, full, reused);
+            }
         }
         if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
             staged |= 1u << ((it - 1) % STAGES);
@@ -1957,9 +2112,68 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
            load at the tile boundary hits (DESIGN.md f11). */
         have = fa_i_fa3_tile(p, k + 1, blocks_m, &mb, &h, &b);
         if (Q_BUFS == 1 && have)
-            for (c = 0; c < CHUNKS; ++c) fa_i_tma_prefetch_l2(&maps->q, 64 * c, mb * BM, h, b);
+            for (c = 0; c < CHUNKS; ++c) fa_i_tma_prefetch_l2(&maps->q, CE * c, mb * BM, h, b);
     }
 }
+
+#if FA_I_FP8
+/* FP8's V^T: the wgmma's B operand must be K-major, so warps 1-3 of the
+   producer warpgroup (warp 0 of 3 here) transpose each V tile the TMA
+   brought into svr ([chunks][BN keys][RB], rows of d) into sv ([d][BN
+   keys], 128-byte swizzle), key order within each 16 keys as P's registers
+   have them (fa_i_fa3_rescale_pack): position 4t + j holds key 2t + j % 2 +
+   8 (j / 2). A unit is 16 keys x 32 of d: one ldmatrix x4 reads the keys of
+   even and odd positions (matrices 0, 1; 2, 3 for d + 16) as 16-bit rows,
+   byte permutes pair each even key with its odd neighbour, and one stmatrix
+   x4 with transpose writes 16 positions of 8 rows of V^T per matrix. */
+static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const fa_params *p,
+                                                                         const fa_i_fa3_smem *L,
+                                                                         int warp)
+{
+    enum {
+        D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
+        RB = FA_I_FA3_RB, TILE = BN * D, KEY_UNITS = BN / 16, UNITS = KEY_UNITS * (D / 32)
+    };
+    const int lane = threadIdx.x & 31, mi = lane >> 3, row = lane & 7;
+    /* this lane's row of each matrix: the ldmatrix's key and d, the
+       stmatrix's row of V^T */
+    const int pos = 2 * row + (mi & 1), ld_key = (pos >> 2) * 2 + (pos & 1) + 8 * ((pos >> 1) & 1);
+    const int ld_d = 16 * (mi >> 1), st_d = 4 * (row >> 1) + (row & 1) + 2 * (mi & 1) + 16 * (mi >> 1);
+    const int blocks_m = (p->seqlen_q + BM - 1) / BM;
+    int64_t k;
+    int it = 0, mb, h, b, have = fa_i_fa3_tile(p, 0, blocks_m, &mb, &h, &b);
+    for (k = 0; have; ++k) {
+        int first_lo, last_hi, n, u;
+        fa_i_rows_key_span(p, mb * BM, min(mb * BM + BM, p->seqlen_q), &first_lo, &last_hi);
+        for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
+            const fa_i_ring r = fa_i_ring_at(it, STAGES);
+            const uint32_t src = L->svr + r.stage * TILE, dst = L->sv + r.stage * TILE;
+            fa_i_mbar_wait(L->vr_full + 8 * r.stage, r.phase);
+            fa_i_mbar_wait(L->v_empty + 8 * r.stage, r.phase ^ 1);
+            for (u = warp; u < UNITS; u += 3) {
+                const int kg = u % KEY_UNITS, c0 = 32 * (u / KEY_UNITS);
+                const int key = 16 * kg + ld_key, dd = c0 + ld_d, vt_row = c0 + st_d;
+                const int unit = (dd % RB) >> 4;
+                const int swz = RB == 128 ? unit ^ (key & 7) : unit ^ ((key >> 1) & 3);
+                uint32_t x[4], y[4];
+                fa_i_ldsm_x4(x, src + (dd / RB) * BN * RB + key * RB + (swz << 4));
+                y[0] = __byte_perm(x[0], x[1], 0x5140);
+                y[1] = __byte_perm(x[0], x[1], 0x7362);
+                y[2] = __byte_perm(x[2], x[3], 0x5140);
+                y[3] = __byte_perm(x[2], x[3], 0x7362);
+                fa_i_stsm_x4_trans(dst + vt_row * 128 + ((kg ^ (vt_row & 7)) << 4), y);
+            }
+            fa_i_fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) {
+                fa_i_mbar_arrive(L->v_full + 8 * r.stage);
+                fa_i_mbar_arrive(L->vr_empty + 8 * r.stage);
+            }
+        }
+        have = fa_i_fa3_tile(p, k + 1, blocks_m, &mb, &h, &b);
+    }
+}
+#endif
 
 /* The epilogue: O / l in 16 bits into shared memory at o_at (O's own
    buffer, the ring stage of the tile's last key tile, or this warpgroup's
@@ -1969,8 +2183,15 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_store_o)(
     const fa_i_tma_maps *maps, const fa_i_fa3_smem *L, uint32_t o_at, uint32_t o_chunk,
     int in_ring, int q_stage, uint32_t last_stage, int m0, int h, int b, int cw, const float *o,
-    const float *inv)
+    const float *inv, int o_bf16)
 {
+/* O's 16 bits: the inputs' dtype, or with FP8 the caller's o_dtype */
+#if FA_I_FP8
+#define FA_I_PACK_O(lo, hi) (o_bf16 ? fa_i_pack_bf16(lo, hi) : fa_i_pack_f16(lo, hi))
+#else
+#define FA_I_PACK_O(lo, hi) FA_I_PACK(lo, hi)
+    (void)o_bf16;
+#endif
     enum {
         D = FA_I_D, CHUNKS = D / 64, NC = FA_I_FA3_NC,
         STAGES = FA_I_FA3(STAGES), O_APART = FA_I_FA3_O_APART,
@@ -1986,12 +2207,13 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_store_o)(
         const uint32_t addr = o_at + (col >> 6) * o_chunk + r * 128 +
                               ((((col & 63) >> 3) ^ (r & 7)) << 4);
         asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                     ::"r"(addr), "r"(FA_I_PACK(o[i] * inv[0], o[i + 1] * inv[0])),
-                     "r"(FA_I_PACK(o[i + 2] * inv[1], o[i + 3] * inv[1])),
-                     "r"(FA_I_PACK(o[i + 4] * inv[0], o[i + 5] * inv[0])),
-                     "r"(FA_I_PACK(o[i + 6] * inv[1], o[i + 7] * inv[1]))
+                     ::"r"(addr), "r"(FA_I_PACK_O(o[i] * inv[0], o[i + 1] * inv[0])),
+                     "r"(FA_I_PACK_O(o[i + 2] * inv[1], o[i + 3] * inv[1])),
+                     "r"(FA_I_PACK_O(o[i + 4] * inv[0], o[i + 5] * inv[0])),
+                     "r"(FA_I_PACK_O(o[i + 6] * inv[1], o[i + 7] * inv[1]))
                      : "memory");
     }
+#undef FA_I_PACK_O
     fa_i_fence_proxy_async();
     fa_i_named_sync(1 + NC + cw, 128);
     if (t == 0) {
@@ -2015,8 +2237,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
 {
     enum {
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
-        NC = FA_I_FA3_NC, Q_BUFS = FA_I_FA3_Q_BUFS,
-        O_APART = FA_I_FA3_O_APART, Q_BYTES = BM * D * 2, TILE = BN * D * 2,
+        NC = FA_I_FA3_NC, Q_BUFS = FA_I_FA3_Q_BUFS, RB = FA_I_FA3_RB,
+        O_APART = FA_I_FA3_O_APART, Q_BYTES = BM * D * FA_I_FA3_ES, TILE = BN * D * FA_I_FA3_ES,
         PINGPONG = FA_I_FA3_PP, SOFTMAX = FA_I_FA3_FORM,
         /* Without O's own buffer, a tile that saw keys stages each
            warpgroup's O in its last key tile's ring stage (warpgroup 0 in
@@ -2030,7 +2252,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
     const int blocks_m = (p->seqlen_q + BM - 1) / BM;
     const float log2_scale = p->softcap > 0.0f ? 1.0f : p->scale * FA_I_LOG2E_F;
     float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
-    uint32_t pr[BN / 4];
+    uint32_t pr[FA_I_FA3_PR];
     int64_t k;
     int it = 0, mb, h, b, have, i;
 #pragma unroll
@@ -2041,7 +2263,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         const int m0 = mb * BM, last = min(m0 + BM, p->seqlen_q);
         const fa_i_ring q = fa_i_ring_at64(k, Q_BUFS);
         const int h_now = h, b_now = b;
-        const uint32_t sq_wg = L->sq + q.stage * Q_BYTES + cw * 64 * 128;
+        const uint32_t sq_wg = L->sq + q.stage * Q_BYTES + cw * 64 * RB;
         const uint32_t so_wg = O_APART ? L->so + cw * 64 * 128 : sq_wg;
         const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
         int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n, n_first, n_end, in_ring;
@@ -2052,6 +2274,25 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         n_first = first_lo / BN;
         n_end = (last_hi + BN - 1) / BN;
         in_ring = O_IN_RING && n_first < n_end;
+#if FA_I_FP8
+        /* the descales: Q's of this warpgroup's rows (in one FA_FP8_BLOCK),
+           K's and V's of key tile n at dk[n * ds_step], dv[n * ds_step] */
+        const int ds_step = p->fp8_scaling == FA_FP8_SCALE_BLOCK;
+        const int hk_now = h_now / (p->heads_q / p->heads_kv);
+        const float dq = p->q_descale[fa_i_descale_index(p->fp8_scaling, b_now, h_now, p->heads_q,
+                                                         p->seqlen_q, m0 + 64 * cw)];
+        const float *dk = p->k_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,
+                                                            p->heads_kv, p->seqlen_k, 0);
+        const float *dv = p->v_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,
+                                                            p->heads_kv, p->seqlen_k, 0);
+#define FA_I_S_MUL(n) (dq * dk[(n) * ds_step])
+#define FA_I_LOG2_SCALE(n) (p->softcap > 0.0f ? 1.0f : log2_scale * FA_I_S_MUL(n))
+#define FA_I_O_MUL(n) (dv[((n) - 1) * ds_step] / dv[(n) * ds_step])
+#else
+#define FA_I_S_MUL(n) 1.0f
+#define FA_I_LOG2_SCALE(n) log2_scale
+#define FA_I_O_MUL(n) 1.0f
+#endif
 /* Key tile n's ring entry, and the bounds its mask needs. */
 #define FA_I_RING(n) fa_i_ring_at(it + (n) - n_first, STAGES)
 #define FA_I_MASKED(n) \
@@ -2070,11 +2311,15 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         /* The key tiles: S, softmax and PV. */
 #if FA_FA3_OVERLAP
         if (n_first < n_end) {
+#if !FA_I_FP8
             float e[SOFTMAX == 1 ? BN / 2 : 1]; /* form 1's P, beside PV(n - 1)'s operand */
+#endif
             FA_I_KNAME_V(fa_i_fa3_first_step)(p, L, sq_wg, FA_I_RING(n_first), n_first,
-                                              FA_I_MASKED(n_first), lo, hi, log2_scale, cw,
+                                              FA_I_MASKED(n_first), lo, hi,
+                                              FA_I_LOG2_SCALE(n_first), FA_I_S_MUL(n_first), cw,
                                               FA_I_FA3_ROWS_ARGS);
             for (n = n_first + 1; n < n_end; ++n) {
+#if !FA_I_FP8
                 if (SOFTMAX == 2)
                     FA_I_KNAME_V(fa_i_fa3_step_packed)(p, L, sq_wg, FA_I_RING(n), FA_I_RING(n - 1),
                                                        n, FA_I_MASKED(n), lo, hi, log2_scale, cw,
@@ -2084,9 +2329,11 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
                                                      n, FA_I_MASKED(n), lo, hi, log2_scale, cw,
                                                      FA_I_FA3_ROWS_ARGS, e);
                 else
+#endif
                     FA_I_KNAME_V(fa_i_fa3_step_rowmax)(p, L, sq_wg, FA_I_RING(n),
                                                        FA_I_RING(n - 1), n, FA_I_MASKED(n), lo,
-                                                       hi, log2_scale, cw, FA_I_FA3_ROWS_ARGS);
+                                                       hi, FA_I_LOG2_SCALE(n), FA_I_S_MUL(n),
+                                                       FA_I_O_MUL(n), cw, FA_I_FA3_ROWS_ARGS);
             }
             /* issued here, waited for below the next tile's coordinates */
             fa_i_mbar_wait(L->v_full + 8 * last_stage, FA_I_RING(n_end - 1).phase);
@@ -2098,12 +2345,12 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         for (n = n_first; n < n_end; ++n) { /* one GEMM after another */
             const fa_i_ring r = FA_I_RING(n);
             FA_I_KNAME_V(fa_i_fa3_first_step)(p, L, sq_wg, r, n, FA_I_MASKED(n), lo, hi,
-                                              log2_scale, cw, FA_I_FA3_ROWS_ARGS);
+                                              log2_scale, 1.0f, cw, FA_I_FA3_ROWS_ARGS);
             fa_i_mbar_wait(L->v_full + 8 * r.stage, r.phase);
             FA_I_KNAME_V(fa_i_fa3_pv)(o, pr, L->sv + r.stage * TILE);
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(o, D / 2);
-            fa_i_fence_u32(pr, BN / 4);
+            fa_i_fence_u32(pr, FA_I_FA3_PR);
             if (lane == 0) fa_i_mbar_arrive(L->v_empty + 8 * r.stage);
         }
 #endif
@@ -2118,9 +2365,17 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[i] = l > 0.0f ? fa_i_dev_rcp(l) : 0.0f;
+#if FA_I_FP8 /* O in units of the last V tile's descale; P was 2^8 too large */
+            if (n_first < n_end) inv[i] *= dv[(n_end - 1) * ds_step];
+            if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
+                p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
+                    l > 0.0f ? (m_run[i] + fa_i_dev_log2(l) - FA_I_FP8_P_SHIFT) * FA_I_LN2_F
+                             : -INFINITY;
+#else
             if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
                 p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
                     l > 0.0f ? (m_run[i] + fa_i_dev_log2(l)) * FA_I_LN2_F : -INFINITY;
+#endif
         }
         have = fa_i_fa3_tile(p, k + 1, blocks_m, &mb, &h, &b);
 #if FA_FA3_OVERLAP
@@ -2133,20 +2388,23 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         /* O staged in the ring: its stage must be done with for both
            warpgroups (their last S for K, their last PV for V) */
         if (in_ring)
-            fa_i_mbar_wait((cw == 0 ? L->k_empty : L->v_empty) + 8 * last_stage,
+            fa_i_mbar_wait((cw == 0 ? L->k_empty : FA_I_FA3_V_IN_EMPTY(L)) + 8 * last_stage,
                            FA_I_RING(n_end - 1).phase);
 #undef FA_I_RING
 #undef FA_I_MASKED
+#undef FA_I_S_MUL
+#undef FA_I_LOG2_SCALE
+#undef FA_I_O_MUL
         it += n_end > n_first ? n_end - n_first : 0;
         if (O_APART) {
             /* O's buffer is free once this thread's previous store has read it. */
             if (t == 0) fa_i_tma_store_wait_read();
             fa_i_named_sync(1 + NC + cw, 128);
         }
-        FA_I_KNAME_V(fa_i_fa3_store_o)(maps, L,
-                                       in_ring ? (cw == 0 ? L->sk : L->sv) + last_stage * TILE : so_wg,
-                                       in_ring ? 64 * 128 : BM * 128, in_ring, q.stage, last_stage, m0,
-                                       h_now, b_now, cw, o, inv);
+        FA_I_KNAME_V(fa_i_fa3_store_o)(
+            maps, L, in_ring ? (cw == 0 ? L->sk : FA_I_FA3_V_IN(L)) + last_stage * TILE : so_wg,
+            in_ring ? 64 * 128 : BM * 128, in_ring, q.stage, last_stage, m0, h_now, b_now, cw, o,
+            inv, p->o_dtype == FA_DTYPE_BF16);
     }
     if (PINGPONG && cw == 0) fa_i_named_sync(1, 256); /* matches the last one's last arrival */
     if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the stores */
@@ -2164,15 +2422,17 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
-        TILE = BN * D * 2, NC = BM / 64, Q_BUFS = FA_I_FA3_Q_BUFS,
-        Q_BYTES = BM * D * 2, O_IN_RING = !FA_I_FA3_O_APART
+        TILE = BN * D * FA_I_FA3_ES, NC = BM / 64, Q_BUFS = FA_I_FA3_Q_BUFS,
+        Q_BYTES = BM * D * FA_I_FA3_ES, O_IN_RING = !FA_I_FA3_O_APART
     };
     /* Barriers: q_full and q_empty per Q buffer, then k_full, v_full,
        k_empty, v_empty per stage, then (O_IN_RING) o_read per warpgroup
-       and stage: the O staged there has been read by its TMA store. Only
-       this sm_90a body has static shared memory: the host reads that to
-       tell it from the stub other targets compile. */
-    __shared__ __align__(8) uint64_t bars[2 * Q_BUFS + 4 * STAGES + 2 * STAGES * O_IN_RING];
+       and stage: the O staged there has been read by its TMA store; with
+       FP8, vr_full and vr_empty per stage. Only this sm_90a body has static
+       shared memory: the host reads that to tell it from the stub other
+       targets compile. */
+    __shared__ __align__(8) uint64_t
+        bars[2 * Q_BUFS + 4 * STAGES + 2 * STAGES * O_IN_RING + 2 * STAGES * FA_I_FP8];
     extern __shared__ uint4 fa_i_smem[];
     fa_i_fa3_smem L;
     const int tid = threadIdx.x;
@@ -2180,7 +2440,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
     L.sq = (fa_i_smem_addr(fa_i_smem) + 1023) & ~1023u; /* swizzle atoms: 1 KB */
     L.sk = L.sq + Q_BUFS * Q_BYTES;
     L.sv = L.sk + STAGES * TILE;
-    L.so = L.sv + STAGES * TILE; /* if O has its own buffer */
+    L.svr = L.sv + STAGES * TILE * FA_I_FP8; /* FP8 only */
+    L.so = L.svr + STAGES * TILE; /* if O has its own buffer */
     L.q_full = fa_i_smem_addr(bars);
     L.q_empty = L.q_full + 8 * Q_BUFS;
     L.k_full = L.q_empty + 8 * Q_BUFS;
@@ -2188,6 +2449,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
     L.k_empty = L.v_full + 8 * STAGES;
     L.v_empty = L.k_empty + 8 * STAGES;
     L.o_read = L.v_empty + 8 * STAGES;
+    L.vr_full = L.o_read + 8 * 2 * STAGES * O_IN_RING;
+    L.vr_empty = L.vr_full + 8 * STAGES;
     if (tid == 0) {
         for (i = 0; i < Q_BUFS; ++i) {
             fa_i_mbar_init(L.q_full + 8 * i, 1);
@@ -2195,9 +2458,13 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
         }
         for (i = 0; i < STAGES; ++i) {
             fa_i_mbar_init(L.k_full + 8 * i, 1);
-            fa_i_mbar_init(L.v_full + 8 * i, 1);
+            fa_i_mbar_init(L.v_full + 8 * i, FA_I_FP8 ? 3 : 1); /* FP8: the transposing warps */
             fa_i_mbar_init(L.k_empty + 8 * i, 4 * NC);
             fa_i_mbar_init(L.v_empty + 8 * i, 4 * NC);
+#if FA_I_FP8
+            fa_i_mbar_init(L.vr_full + 8 * i, 1);
+            fa_i_mbar_init(L.vr_empty + 8 * i, 3);
+#endif
         }
         for (i = 0; i < 2 * STAGES * O_IN_RING; ++i) fa_i_mbar_init(L.o_read + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -2206,6 +2473,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
     if (tid < 128) { /* producer warpgroup: one thread issues every copy */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS(NC)));
         if (tid == 0) FA_I_KNAME_V(fa_i_fa3_producer)(&p, &maps, &L);
+#if FA_I_FP8
+        else if (tid >= 32) FA_I_KNAME_V(fa_i_fa3_transpose_v)(&p, &L, __shfl_sync(0xffffffffu, tid / 32 - 1, 0));
+#endif
     } else {
         /* the warpgroup index from lane 0: ptxas then treats it (and what
            derives from it) as warp-uniform; tid / 128 alone it does not */
@@ -2225,6 +2495,12 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #undef FA_I_FA3_FORM
 #endif
 #undef FA_I_FA3
+#undef FA_I_FA3_ES
+#undef FA_I_FA3_RB
+#undef FA_I_FA3_CE
+#undef FA_I_FA3_PR
+#undef FA_I_FA3_V_IN
+#undef FA_I_FA3_V_IN_EMPTY
 #endif /* >> fa3 forward */
 
 /* >> decode ===================================================================
@@ -2535,6 +2811,146 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
     if (lane == 0 && c == 0 && p.lse) p.lse[lse_at] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 #endif /* >> combine */
+
+/* >> quantize =================================================================
+   fa_cuda_quantize_fp8, block scaling: one CTA of FA_I_QUANT_WARPS warps per
+   block of FA_FP8_BLOCK rows of a head, in one pass: each lane holds a run of
+   e = min(d, 32) elements of a row (lr = d / e lanes a row, 32 / lr rows a
+   warp at a time) in registers from its load to its store, while the CTA
+   finds the block's amax. The Hadamard rotation makes the CPU's butterflies
+   in the CPU's order (fa_i_quantize_row: spans below e inside a lane, then
+   across lanes), so both give the same bits. */
+#if defined(FA_I_TOP) && !defined(FA_I_PASS)
+#define FA_I_QUANT_WARPS 16
+#define FA_I_QUANT_RUN 32  /* most elements a lane holds of a row */
+#define FA_I_QUANT_ITERS 2 /* most rows a lane holds: d = 256, 4 rows a warp */
+
+/* The run of n elements at x[at ...] (16-byte vectors where aligned). */
+static __device__ __forceinline__ void fa_i_quant_load(const fa_quantize_params *p, int64_t at,
+                                                       int n, float *v)
+{
+    const int es = p->dtype == FA_DTYPE_F32 ? 4 : 2;
+    const char *src = (const char *)p->x + at * es;
+    int i, j;
+    if (n == FA_I_QUANT_RUN && (uintptr_t)src % 16 == 0) {
+#pragma unroll
+        for (i = 0; i < FA_I_QUANT_RUN; i += 8) {
+            if (es == 4) {
+                const float4 a = ((const float4 *)src)[i / 4], c = ((const float4 *)src)[i / 4 + 1];
+                v[i] = a.x, v[i + 1] = a.y, v[i + 2] = a.z, v[i + 3] = a.w;
+                v[i + 4] = c.x, v[i + 5] = c.y, v[i + 6] = c.z, v[i + 7] = c.w;
+            } else {
+                const uint4 w = ((const uint4 *)src)[i / 8];
+                const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                for (j = 0; j < 4; ++j) {
+                    if (p->dtype == FA_DTYPE_BF16) {
+                        v[i + 2 * j] = __uint_as_float(u[j] << 16);
+                        v[i + 2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+                    } else {
+                        v[i + 2 * j] = fa_i_load16(&u[j], 0, 0);
+                        v[i + 2 * j + 1] = fa_i_load16(&u[j], 1, 0);
+                    }
+                }
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] = i < n ? fa_i_load_any(p->x, at + i, p->dtype) : 0.0f;
+}
+
+/* Rotates the row whose run lane j of lr (lanes xor-adjacent) holds in v. */
+static __device__ __forceinline__ void fa_i_quant_rotate(const fa_quantize_params *p, int e, int lr,
+                                                         int j, float *v)
+{
+    int i, m;
+#pragma unroll
+    for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] *= fa_i_hadamard_sign(p->hadamard_seed, j * e + i);
+#pragma unroll
+    for (m = 1; m < FA_I_QUANT_RUN; m <<= 1) /* spans m < e inside the lane */
+        if (m < e)
+#pragma unroll
+            for (i = 0; i < FA_I_QUANT_RUN; ++i)
+                if (!(i & m)) {
+                    const float a = v[i], c = v[i + m];
+                    v[i] = a + c;
+                    v[i + m] = a - c;
+                }
+#pragma unroll
+    for (m = 1; m < 32; m <<= 1) /* spans m e: lanes j and j ^ m */
+        if (m < lr)
+#pragma unroll
+            for (i = 0; i < FA_I_QUANT_RUN; ++i) {
+                const float other = __shfl_xor_sync(0xffffffffu, v[i], m);
+                v[i] = (j & m) ? other - v[i] : v[i] + other;
+            }
+#pragma unroll
+    for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] *= 1.0f / sqrtf((float)p->head_dim);
+}
+
+static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS)
+    fa_i_quantize_fp8(const fa_quantize_params p)
+{
+    __shared__ float part[FA_I_QUANT_WARPS]; /* the warps' amax; static: see fa_i_fa3_compiled */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = p.head_dim;
+    const int e = d < FA_I_QUANT_RUN ? d : FA_I_QUANT_RUN, lr = (d + e - 1) / e, rw = 32 / lr;
+    const int j = lane % lr, n = min(e, d - j * e); /* this lane's run: elements j e .. + n */
+    const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int r0 = blk * FA_FP8_BLOCK, r1 = min(r0 + FA_FP8_BLOCK, p.seqlen);
+    float v[FA_I_QUANT_ITERS][FA_I_QUANT_RUN], amax = 0.0f, inv;
+    int it, i;
+#define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_WARPS + warp) * rw + lane / lr)
+#define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
+#pragma unroll
+    for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
+        const int r = FA_I_QUANT_ROW(it);
+        if (r0 + it * FA_I_QUANT_WARPS * rw >= r1) break; /* the warps' rows end here */
+        if (FA_I_QUANT_MINE(it))
+            fa_i_quant_load(&p, fa_i_dev_offset(&p.x_layout, b, h, r) + j * e, n, v[it]);
+        else
+#pragma unroll
+            for (i = 0; i < FA_I_QUANT_RUN; ++i) v[it][i] = 0.0f;
+        if (p.hadamard) fa_i_quant_rotate(&p, e, lr, j, v[it]);
+#pragma unroll
+        for (i = 0; i < FA_I_QUANT_RUN; ++i) amax = fmaxf(amax, fabsf(v[it][i]));
+    }
+    for (i = 16; i > 0; i >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, i));
+    if (lane == 0) part[warp] = amax;
+    __syncthreads();
+    for (i = 0; i < FA_I_QUANT_WARPS; ++i) amax = fmaxf(amax, part[i]);
+    {
+        const float descale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        inv = 1.0f / descale;
+        if (threadIdx.x == 0)
+            p.descale[((int64_t)b * p.heads + h) * ((p.seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK) +
+                      blk] = descale;
+    }
+#pragma unroll
+    for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
+        const int r = FA_I_QUANT_ROW(it);
+        uint32_t w[FA_I_QUANT_RUN / 4];
+        uint8_t *out;
+        if (r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
+        if (!FA_I_QUANT_MINE(it)) continue;
+        out = (uint8_t *)p.out + fa_i_dev_offset(&p.out_layout, b, h, r) + j * e;
+#pragma unroll
+        for (i = 0; i < FA_I_QUANT_RUN; i += 4)
+            w[i / 4] = fa_i_pack_e4m3(v[it][i] * inv, v[it][i + 1] * inv, v[it][i + 2] * inv,
+                                      v[it][i + 3] * inv);
+        if (n == FA_I_QUANT_RUN && (uintptr_t)out % 16 == 0) {
+            ((uint4 *)out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            ((uint4 *)out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        } else {
+#pragma unroll
+            for (i = 0; i < FA_I_QUANT_RUN; ++i)
+                if (i < n) out[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+        }
+    }
+#undef FA_I_QUANT_ROW
+#undef FA_I_QUANT_MINE
+}
+#endif /* >> quantize */
 
 /* >> backward common ==========================================================
    By recomputation from LSE (FA2 paper, algorithm 2): a preprocess kernel
@@ -3405,7 +3821,25 @@ static __global__ void __launch_bounds__(256, 1)
 #define FA_I_IS_BF16 FA_I_CAT(FA_I_IS_BF16_, FA_I_DT)
 #define FA_I_IS_BF16_f16 0
 #define FA_I_IS_BF16_bf16 1
+#define FA_I_IS_BF16_e4m3 0
+#define FA_I_FP8 FA_I_CAT(FA_I_IS_FP8_, FA_I_DT)
+#define FA_I_IS_FP8_f16 0
+#define FA_I_IS_FP8_bf16 0
+#define FA_I_IS_FP8_e4m3 1
 #undef FA_I_PASS
+#if FA_I_FP8 /* e4m3: the FA3 forward only */
+#define FA_I_PASS FA_I_PASS_FA3_FWD
+#define FA_I_V 0
+#define FA_I_FA3_ROW FA_I_FA3_FP8_ROW
+#define FA_I_FA3_Q_BUFS FA_I_FA3_Q_BUFS_R((FA_I_FA3_FP8_ROW), 1)
+#define FA_I_FA3_O_APART FA_I_FA3_O_APART_R((FA_I_FA3_FP8_ROW), 1)
+#include "flashattn_cuda.cuh"
+#undef FA_I_PASS
+#undef FA_I_V
+#undef FA_I_FA3_ROW
+#undef FA_I_FA3_Q_BUFS
+#undef FA_I_FA3_O_APART
+#else
 #define FA_I_PASS FA_I_PASS_FA2_FWD
 #include "flashattn_cuda.cuh"
 #undef FA_I_PASS
@@ -3476,12 +3910,18 @@ static __global__ void __launch_bounds__(256, 1)
 #include "flashattn_cuda.cuh"
 #undef FA_I_PASS
 #endif
+#endif /* !FA_I_FP8 */
 #define FA_I_PASS FA_I_PASS_DTYPE
 #undef FA_I_MMA
 #undef FA_I_PACK
 #undef FA_I_IS_BF16
 #undef FA_I_IS_BF16_f16
 #undef FA_I_IS_BF16_bf16
+#undef FA_I_IS_BF16_e4m3
+#undef FA_I_FP8
+#undef FA_I_IS_FP8_f16
+#undef FA_I_IS_FP8_bf16
+#undef FA_I_IS_FP8_e4m3
 #endif /* FA_I_PASS_DTYPE */
 
 /* Per head dim: shared memory and checks of its tiles, its kernels in both
@@ -3495,7 +3935,8 @@ static __global__ void __launch_bounds__(256, 1)
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #if !FA_I_BUILD_D(FA_I_D)
-static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS};
+static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
+                                                                FA_I_NO_KERNELS};
 #else
 /* FA2 forward: Q and STAGES of K and V, 16-bit rows of FA_I_PITCH. */
 #define FA_I_FA2_FWD_ROW FA_I_CAT(FA_FA2_FWD_TILE_, FA_I_D)
@@ -3567,20 +4008,38 @@ static_assert(FA_I_DECODE_SMEM <= FA_I_SMEM_MAX, "flashattn: decode tile exceeds
    this one computes), else one Q and O's own buffer (the next Q loads during
    the epilogue), else none for O: it is staged in the last key tile's ring
    stage (over Q in a tile that sees no keys). */
-#define FA_I_FA3_SMEM_KV(v)                                                                  \
-    (4 * FA_I_D * FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_ROW_OF(v)) *                             \
-         FA_I_COL(FA3_FWD, STAGES, FA_I_FA3_ROW_OF(v)) +                                     \
-     1024)
-#define FA_I_FA3_Q_BYTES(v) (2 * FA_I_D * FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_ROW_OF(v)))
-#define FA_I_FA3_Q_BUFS_OF(v)                                                                \
-    (FA_I_COL(FA3_FWD, QBUFS, FA_I_FA3_ROW_OF(v)) == 2 &&                                    \
-             FA_I_FA3_SMEM_KV(v) + 3 * FA_I_FA3_Q_BYTES(v) <= FA_I_SM90_SMEM_MAX             \
+/* Of a tile row given in parentheses (prow) and its inputs' element bytes es (2, or 1: FP8, whose V
+   also has the ring it arrives in before its transpose); O is 16-bit. */
+#define FA_I_FA3_SMEM_KV_R(prow, es)                                                          \
+    ((es == 1 ? 3 : 4) * FA_I_D * FA_I_COLP(FA3_FWD, KEYS, prow) * FA_I_COLP(FA3_FWD, STAGES, prow) + 1024)
+#define FA_I_FA3_Q_BYTES_R(prow, es) ((es) * FA_I_D * FA_I_COLP(FA3_FWD, ROWS, prow))
+#define FA_I_FA3_O_BYTES_R(prow) (2 * FA_I_D * FA_I_COLP(FA3_FWD, ROWS, prow))
+#define FA_I_FA3_Q_BUFS_R(prow, es)                                                           \
+    (FA_I_COLP(FA3_FWD, QBUFS, prow) == 2 &&                                                   \
+             FA_I_FA3_SMEM_KV_R(prow, es) + 2 * FA_I_FA3_Q_BYTES_R(prow, es) +                 \
+                     FA_I_FA3_O_BYTES_R(prow) <=                                              \
+                 FA_I_SM90_SMEM_MAX                                                          \
          ? 2                                                                                 \
          : 1)
-#define FA_I_FA3_O_APART_OF(v) \
-    (FA_I_FA3_SMEM_KV(v) + (FA_I_FA3_Q_BUFS_OF(v) + 1) * FA_I_FA3_Q_BYTES(v) <= FA_I_SM90_SMEM_MAX)
-#define FA_I_FA3_SMEM(v) \
-    (FA_I_FA3_SMEM_KV(v) + (FA_I_FA3_Q_BUFS_OF(v) + FA_I_FA3_O_APART_OF(v)) * FA_I_FA3_Q_BYTES(v))
+#define FA_I_FA3_O_APART_R(prow, es)                                                          \
+    (FA_I_FA3_SMEM_KV_R(prow, es) + FA_I_FA3_Q_BUFS_R(prow, es) * FA_I_FA3_Q_BYTES_R(prow, es) + \
+         FA_I_FA3_O_BYTES_R(prow) <=                                                          \
+     FA_I_SM90_SMEM_MAX)
+#define FA_I_FA3_SMEM_R(prow, es)                                                             \
+    (FA_I_FA3_SMEM_KV_R(prow, es) + FA_I_FA3_Q_BUFS_R(prow, es) * FA_I_FA3_Q_BYTES_R(prow, es) + \
+     FA_I_FA3_O_APART_R(prow, es) * FA_I_FA3_O_BYTES_R(prow))
+#define FA_I_FA3_Q_BUFS_OF(v) FA_I_FA3_Q_BUFS_R((FA_I_FA3_ROW_OF(v)), 2)
+#define FA_I_FA3_O_APART_OF(v) FA_I_FA3_O_APART_R((FA_I_FA3_ROW_OF(v)), 2)
+#define FA_I_FA3_SMEM(v) FA_I_FA3_SMEM_R((FA_I_FA3_ROW_OF(v)), 2)
+/* The FP8 forward's row; its checks */
+#define FA_I_FA3_FP8_ROW FA_I_CAT(FA_FA3_FP8_TILE_, FA_I_D)
+#define FA_I_FA3_FP8_HAS (FA_FA3_OVERLAP && FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) > 0)
+static_assert(!FA_I_FA3_FP8_HAS || FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1) <= FA_I_SM90_SMEM_MAX,
+              "flashattn: FA3 FP8 tiles exceed shared memory");
+static_assert(!FA_I_FA3_FP8_HAS ||
+                  FA_I_D / 2 + 5 * FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_FP8_ROW) / 8 + 24 <=
+                      FA_I_SM90_CONSUMER_REGS(FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64),
+              "flashattn: FA3 FP8 accumulators exceed the consumer registers");
 #define FA_I_FA3_Q_BUFS_0 FA_I_FA3_Q_BUFS_OF(0)
 #define FA_I_FA3_O_APART_0 FA_I_FA3_O_APART_OF(0)
 #define FA_I_FA3_Q_BUFS_1 FA_I_FA3_Q_BUFS_OF(1)
@@ -3615,6 +4074,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #else
 #define FA_I_HAS_FA3 0
 #define FA_I_FA3_HAS(v) 0
+#define FA_I_FA3_FP8_HAS 0
 #endif
 
 #undef FA_I_PASS
@@ -3626,6 +4086,11 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #endif
 #if FA_CUDA_DTYPE != 1
 #define FA_I_DT bf16
+#include "flashattn_cuda.cuh"
+#undef FA_I_DT
+#endif
+#if FA_I_FA3_FP8_HAS
+#define FA_I_DT e4m3
 #include "flashattn_cuda.cuh"
 #undef FA_I_DT
 #endif
@@ -3678,12 +4143,27 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_DECODE_ENTRY(dt)                                                                \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, ), FA_I_DECODE_MAX_ROWS,                           \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
+#if FA_I_FA3_FP8_HAS /* e4m3: the FA3 forward alone */
+#define FA_I_FP8_ENTRY                                                                       \
+    {FA_I_NO_KERNEL,                                                                         \
+     {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
+      {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
+     FA_I_NO_KERNEL,                                                                         \
+     {{FA_I_KERNEL_OF(fa_i_fwd_fa3, e4m3, _t0), FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW),    \
+       FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_FP8_ROW),                                            \
+       128 * (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64 + 1),                           \
+       FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1)},                                                \
+      FA_I_NO_KERNEL},                                                                       \
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL}
+#else
+#define FA_I_FP8_ENTRY FA_I_NO_KERNELS
+#endif
 #define FA_I_ENTRY(dt)                                                                       \
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt),               \
      FA_I_DECODE_ENTRY(dt)}
-static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
+static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {
 #if FA_CUDA_DTYPE != 2
     FA_I_ENTRY(f16),
 #else
@@ -3694,6 +4174,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #else
     FA_I_NO_KERNELS,
 #endif
+    FA_I_FP8_ENTRY,
 };
 #undef FA_I_KERNEL_OF
 #undef FA_I_FA2_FWD_ENTRY
@@ -3706,6 +4187,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_FA3_FWD_ENTRIES
 #undef FA_I_FA3_BWD_ENTRY
 #undef FA_I_ENTRY
+#undef FA_I_FP8_ENTRY
 #undef FA_I_DECODE_ENTRY
 #undef FA_I_DECODE_ROW
 #undef FA_I_DECODE_MAX_ROWS
@@ -3719,10 +4201,16 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[2] = {
 #undef FA_I_FA2_BWDQ_SMEM
 #undef FA_I_HAS_FA3
 #undef FA_I_FA3_HAS
+#undef FA_I_FA3_FP8_HAS
 #ifdef FA_I_FA3_ROW_OF
 #undef FA_I_FA3_ROW_OF
-#undef FA_I_FA3_SMEM_KV
-#undef FA_I_FA3_Q_BYTES
+#undef FA_I_FA3_SMEM_KV_R
+#undef FA_I_FA3_Q_BYTES_R
+#undef FA_I_FA3_O_BYTES_R
+#undef FA_I_FA3_Q_BUFS_R
+#undef FA_I_FA3_O_APART_R
+#undef FA_I_FA3_SMEM_R
+#undef FA_I_FA3_FP8_ROW
 #undef FA_I_FA3_Q_BUFS_OF
 #undef FA_I_FA3_O_APART_OF
 #undef FA_I_FA3_SMEM
@@ -3778,16 +4266,16 @@ static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
 {
 #define FA_I_TABLE_OF(dim) fa_i_kernels_##dim,
 #define FA_I_DIM_OF(dim) dim,
-    static const fa_i_kernels *const tables[] = {FA_I_HEAD_DIMS(FA_I_TABLE_OF)}; /* [0] f16, [1] bf16 */
+    static const fa_i_kernels *const tables[] = {FA_I_HEAD_DIMS(FA_I_TABLE_OF)}; /* f16, bf16, e4m3 */
     static const int dims[] = {FA_I_HEAD_DIMS(FA_I_DIM_OF)};
 #undef FA_I_TABLE_OF
 #undef FA_I_DIM_OF
     size_t i;
-    if (dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16) return NULL;
+    if (dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16 && dtype != FA_DTYPE_FP8_E4M3) return NULL;
     for (i = 0; i < sizeof dims / sizeof dims[0]; ++i)
         if (dims[i] == d) {
-            const fa_i_kernels *sets = tables[i] + (dtype == FA_DTYPE_BF16);
-            return sets->fa2_fwd.fn ? sets : NULL;
+            const fa_i_kernels *sets = tables[i] + (dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_F16 ? 0 : 2);
+            return sets->fa2_fwd.fn || sets->fa3_fwd[0].fn ? sets : NULL;
         }
     return NULL;
 }
@@ -3797,9 +4285,12 @@ static fa_status fa_i_cuda_error(cudaError_t e, const char *what)
     return fa_i_fail(FA_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
-static int fa_i_aligned(const void *ptr, const fa_layout *l)
+/* Rows of a tensor of `dtype` are 16-byte aligned: the pointer and every stride in bytes. */
+static int fa_i_aligned(const void *ptr, const fa_layout *l, fa_dtype dtype)
 {
-    return ((uintptr_t)ptr % 16 == 0) && l->batch % 8 == 0 && l->head % 8 == 0 && l->seq % 8 == 0;
+    const int64_t e = (int64_t)fa_dtype_size(dtype);
+    return ((uintptr_t)ptr % 16 == 0) && l->batch * e % 16 == 0 && l->head * e % 16 == 0 &&
+           l->seq * e % 16 == 0;
 }
 
 /* What the launchers need to know of the current device. */
@@ -3849,8 +4340,8 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     size_t need;
     cudaError_t e;
     if (s != FA_OK) return s;
-    if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "the GPU path takes f16 or bf16, not dtype %d",
+    if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16 && p->dtype != FA_DTYPE_FP8_E4M3)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "the GPU path takes f16, bf16 or fp8, not dtype %d",
                          (int)p->dtype);
     *kernels = fa_i_find_kernels(p->head_dim, p->dtype);
     if (!*kernels)
@@ -3858,14 +4349,16 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
                          p->head_dim, (int)p->dtype);
     if (p->heads_q > 65535 || p->batch > 65535)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "heads_q and batch must be <= 65535");
-    if (!fa_i_aligned(p->q, &p->q_layout) || !fa_i_aligned(p->k, &p->k_layout) ||
-        !fa_i_aligned(p->v, &p->v_layout) || !fa_i_aligned(p->o, &p->o_layout) ||
+    if (!fa_i_aligned(p->q, &p->q_layout, p->dtype) || !fa_i_aligned(p->k, &p->k_layout, p->dtype) ||
+        !fa_i_aligned(p->v, &p->v_layout, p->dtype) || !fa_i_aligned(p->o, &p->o_layout, p->o_dtype) ||
         (pass == FA_PASS_BACKWARD &&
-         (!fa_i_aligned(p->dout, &p->dout_layout) || !fa_i_aligned(p->dq, &p->dq_layout) ||
-          !fa_i_aligned(p->dk, &p->dk_layout) || !fa_i_aligned(p->dv, &p->dv_layout))))
+         (!fa_i_aligned(p->dout, &p->dout_layout, p->dtype) ||
+          !fa_i_aligned(p->dq, &p->dq_layout, p->dtype) ||
+          !fa_i_aligned(p->dk, &p->dk_layout, p->dtype) ||
+          !fa_i_aligned(p->dv, &p->dv_layout, p->dtype))))
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "GPU rows must be 16-byte aligned: pointers 16-byte aligned and "
-                         "strides multiples of 8 elements");
+                         "strides multiples of 16 bytes (8 16-bit or 16 fp8 elements)");
     if ((e = fa_i_device_facts(device)) != cudaSuccess)
         return fa_i_cuda_error(e, "querying the current device");
     if (device->major < 8)
@@ -3909,28 +4402,32 @@ static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t 
 static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
 
 #if FA_I_SM90
-/* A 4-D tensor map {d, seq, head, batch} of a 16-bit tensor with boxes of 64
-   x box_rows elements and the 128-byte swizzle; 0 if the driver refuses it. */
+/* A 4-D tensor map {d, seq, head, batch} of a tensor of `dtype` with boxes
+   of one swizzled row (64 16-bit elements, 128-byte swizzle; fp8: min(d, 128)
+   bytes, 128- or 64-byte swizzle) by box_rows; 0 if the driver refuses it. */
 static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, const fa_params *p,
-                        int seqlen, int heads, int box_rows)
+                        fa_dtype dtype, int seqlen, int heads, int box_rows)
 {
     void *encode = NULL;
     cudaDriverEntryPointQueryResult found;
+    const int fp8 = dtype == FA_DTYPE_FP8_E4M3, e = fp8 ? 1 : 2;
+    const int inner = fp8 ? (p->head_dim < 128 ? p->head_dim : 128) : 64;
     const cuuint64_t dims[4] = {(cuuint64_t)p->head_dim, (cuuint64_t)seqlen, (cuuint64_t)heads,
                                 (cuuint64_t)p->batch};
-    const cuuint64_t strides[3] = {(cuuint64_t)l->seq * 2, (cuuint64_t)l->head * 2,
-                                   (cuuint64_t)l->batch * 2}; /* bytes, dims 1..3 */
-    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, unit[4] = {1, 1, 1, 1};
+    const cuuint64_t strides[3] = {(cuuint64_t)(l->seq * e), (cuuint64_t)(l->head * e),
+                                   (cuuint64_t)(l->batch * e)}; /* bytes, dims 1..3 */
+    const cuuint32_t box[4] = {(cuuint32_t)inner, (cuuint32_t)box_rows, 1, 1}, unit[4] = {1, 1, 1, 1};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode, 12000,
                                          cudaEnableDefault, &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess || !encode)
         return 0;
     return ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
-               map, p->dtype == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+               map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                        : dtype == FA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                4, (void *)ptr, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+               inner * e == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 /* The FA3 tile variant for p (FA_FA3_FWD_TILE_<d>_<v>): t1 where the head
@@ -3969,10 +4466,10 @@ static int fa_i_fa3_ready(const fa_params *p, const fa_i_kernel *k, const fa_i_d
     if (!fa_i_fa3_compiled(k->fn, k->smem, dev)) return 0;
     pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->rows) * p->heads_q * p->batch + 1) / 2;
     *ctas = pairs < dev->sms ? (int)pairs : dev->sms;
-    return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, k->rows) &&
-           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->seqlen_q, p->heads_q, 64);
+    return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->dtype, p->seqlen_q, p->heads_q, k->rows) &&
+           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
+           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
+           fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->o_dtype, p->seqlen_q, p->heads_q, 64);
 }
 
 /* The same for the Hopper backward (atomic mode) and its tensor maps. */
@@ -3980,10 +4477,10 @@ static int fa_i_fa3_bwd_ready(const fa_params *p, const fa_i_kernel *k,
                               const fa_i_device *dev, fa_i_fa3_bwd_args *args)
 {
     return fa_i_fa3_compiled(k->fn, k->smem, dev) &&
-           fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->seqlen_q, p->heads_q, 64) &&
-           fa_i_tma_map(&args->k, p->k, &p->k_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&args->v, p->v, &p->v_layout, p, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&args->dout, p->dout, &p->dout_layout, p, p->seqlen_q, p->heads_q, 64);
+           fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->dtype, p->seqlen_q, p->heads_q, 64) &&
+           fa_i_tma_map(&args->k, p->k, &p->k_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
+           fa_i_tma_map(&args->v, p->v, &p->v_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
+           fa_i_tma_map(&args->dout, p->dout, &p->dout_layout, p, p->dtype, p->seqlen_q, p->heads_q, 64);
 }
 #endif
 
@@ -4089,6 +4586,21 @@ static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
     fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, &plan->p, &plan->k, &dev);
     if (s != FA_OK) return s;
     plan->workspace = 0;
+    if (plan->p.dtype == FA_DTYPE_FP8_E4M3) { /* the FA3 kernel or nothing */
+#if FA_I_SM90 && FA_VARIANT == 2
+        plan->fa3 = &plan->k->fa3_fwd[0];
+        if (plan->p.num_splits > 1)
+            return fa_i_fail(FA_ERR_UNSUPPORTED, "num_splits %d: fp8 takes no key splits",
+                             plan->p.num_splits);
+        if (fa_i_fa3_ready(&plan->p, plan->fa3, &dev, &plan->maps, &plan->ctas)) {
+            plan->algorithm = 3;
+            return FA_OK;
+        }
+#endif
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "fp8 runs on the FA3 kernel only: an sm_90a build (FA_VARIANT 2) on "
+                         "compute capability 9.0, d = 64 or 128");
+    }
     if ((s = fa_i_plan_decode(plan, &dev, workspace, &taken)) != FA_OK || taken) return s;
 #if FA_VARIANT == 1
     plan->algorithm = 1;
@@ -4175,6 +4687,37 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
                        dim3(fa_i_blocks(p->seqlen_q, plan.k->fa2_fwd.rows), p->heads_q, p->batch),
                        plan.k->fa2_fwd.threads, plan.k->fa2_fwd.smem, stream, p, &workspace);
 #endif
+}
+
+FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *params, cudaStream_t stream)
+{
+    fa_quantize_params p;
+    static_assert(FA_FP8_BLOCK <= FA_I_QUANT_ITERS * FA_I_QUANT_WARPS * 32 * FA_I_QUANT_RUN / FA_MAX_HEAD_DIM,
+                  "flashattn: the quantize CTA's lanes hold fewer rows than a block");
+    fa_i_device dev;
+    struct cudaFuncAttributes attr;
+    cudaError_t e;
+    fa_status s = fa_quantize_resolve(params, &p);
+    if (s != FA_OK) return s;
+    if (p.scaling != FA_FP8_SCALE_BLOCK)
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "the GPU quantizes with block scaling; per head or tensor: fa_cpu_quantize_fp8");
+    if (p.heads > 65535 || p.batch > 65535)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "heads and batch must be <= 65535");
+    if ((e = fa_i_device_facts(&dev)) != cudaSuccess)
+        return fa_i_cuda_error(e, "querying the current device");
+    if (dev.major * 10 + dev.minor < 89)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "fp8 needs compute capability 8.9, not %d.%d",
+                         dev.major, dev.minor);
+    /* a build without code for this device has only the stub: no static smem */
+    if ((e = cudaFuncGetAttributes(&attr, (const void *)fa_i_quantize_fp8)) != cudaSuccess ||
+        attr.sharedSizeBytes == 0) {
+        cudaGetLastError();
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "this build has no fp8 quantize kernel for the device");
+    }
+    return fa_i_launch((const void *)fa_i_quantize_fp8,
+                       dim3(fa_i_blocks(p.seqlen, FA_FP8_BLOCK), p.heads, p.batch),
+                       32 * FA_I_QUANT_WARPS, 0, stream, &p, NULL);
 }
 
 FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t stream)

@@ -47,6 +47,7 @@ static double fa_ref_get(const void *base, fa_dtype dtype, int64_t i)
 {
     if (dtype == FA_DTYPE_F32) return ((const float *)base)[i];
     if (dtype == FA_DTYPE_F16) return fa_f16_to_f32(((const uint16_t *)base)[i]);
+    if (dtype == FA_DTYPE_FP8_E4M3) return fa_e4m3_to_f32(((const uint8_t *)base)[i]);
     return fa_bf16_to_f32(((const uint16_t *)base)[i]);
 }
 
@@ -60,6 +61,17 @@ static void fa_ref_put(void *base, fa_dtype dtype, int64_t i, double x)
 static int64_t fa_ref_at(const fa_layout *l, int b, int h, int s)
 {
     return (int64_t)b * l->batch + (int64_t)h * l->head + (int64_t)s * l->seq;
+}
+
+/* Element i of row `row` of (b, h) of a forward input, times its FP8
+   descale (descales: the tensor's, of `heads` heads and seqlen rows). */
+static double fa_ref_input(const fa_params *p, const void *base, const fa_layout *l,
+                           const float *descales, int heads, int seqlen, int b, int h, int row,
+                           int i)
+{
+    const double x = fa_ref_get(base, p->dtype, fa_ref_at(l, b, h, row) + i);
+    if (p->dtype != FA_DTYPE_FP8_E4M3) return x;
+    return x * descales[fa_i_descale_index(p->fp8_scaling, b, h, heads, seqlen, row)];
 }
 
 static int fa_ref_masked(const fa_params *p, int r, int c)
@@ -84,8 +96,10 @@ static void fa_ref_probs(const fa_params *p, int b, int h, double *prob, double 
         for (c = 0; c < p->seqlen_k; ++c) {
             double x = 0.0;
             for (i = 0; i < d; ++i)
-                x += fa_ref_get(p->q, p->dtype, fa_ref_at(&p->q_layout, b, h, r) + i) *
-                     fa_ref_get(p->k, p->dtype, fa_ref_at(&p->k_layout, b, hk, c) + i);
+                x += fa_ref_input(p, p->q, &p->q_layout, p->q_descale, p->heads_q, p->seqlen_q,
+                                  b, h, r, i) *
+                     fa_ref_input(p, p->k, &p->k_layout, p->k_descale, p->heads_kv, p->seqlen_k,
+                                  b, hk, c, i);
             x *= p->scale;
             if (p->softcap > 0.0f) {
                 const double t = tanh(x / p->softcap);
@@ -127,8 +141,9 @@ FA_API fa_status fa_ref_forward(const fa_params *params)
                     double acc = 0.0;
                     for (c = 0; c < p.seqlen_k; ++c)
                         acc += prob[(size_t)r * p.seqlen_k + c] *
-                               fa_ref_get(p.v, p.dtype, fa_ref_at(&p.v_layout, b, hk, c) + i);
-                    fa_ref_put(p.o, p.dtype, fa_ref_at(&p.o_layout, b, h, r) + i, acc);
+                               fa_ref_input(&p, p.v, &p.v_layout, p.v_descale, p.heads_kv,
+                                            p.seqlen_k, b, hk, c, i);
+                    fa_ref_put(p.o, p.o_dtype, fa_ref_at(&p.o_layout, b, h, r) + i, acc);
                 }
                 if (p.lse) p.lse[((size_t)b * p.heads_q + h) * p.seqlen_q + r] = (float)lse[r];
             }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests, demo, then the benchmark.
 # Logs go to $OUT (the device tool's folder) or /tmp/flashattn-device.
-# Usage: bash bench/device_run.sh [tests|bench|sanitize|all] [bench args...]
+# Usage: bash bench/device_run.sh [tests|bench|fp8|sanitize|all] [bench args...]
 set -uo pipefail
 out=${OUT:-/tmp/flashattn-device}
 mkdir -p "$out"
@@ -17,6 +17,13 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     timeout 300 python3 tests/run_tests.py gpu_ >"$out/test_gpu.log" 2>&1
     grep -v "^PASS" "$out/test_gpu.log" | tail -60
     ./build/gpu_attention | tee "$out/demo.log"
+fi
+if [ "$what" = fp8 ]; then  # the FP8 tests, then the FP8 benchmark (args: bench_fp8.py's)
+    for prefix in fp8 gpu_fp8; do
+        timeout 200 python3 tests/run_tests.py $prefix >"$out/test_$prefix.log" 2>&1
+        grep -v "^PASS" "$out/test_$prefix.log" | tail -40
+    done
+    timeout 300 python3 bench/bench_fp8.py --out "$out" "$@" 2>&1 | tail -60
 fi
 if [ "$what" = sanitize ]; then
     make sanitize >"$out/sanitize.log" 2>&1; echo "sanitize exit $?"; tail -30 "$out/sanitize.log"

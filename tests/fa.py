@@ -23,8 +23,11 @@ STATUS = {
     "FA_ERR_WORKSPACE": -9, "FA_ERR_CUDA": -10,
 }
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "fp8": 3}
-STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
-POISON = {"f32": np.float32(np.nan), "f16": np.float16(np.nan), "bf16": np.uint16(0x7FC0)}
+STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "fp8": np.uint8}
+POISON = {"f32": np.float32(np.nan), "f16": np.float16(np.nan), "bf16": np.uint16(0x7FC0),
+          "fp8": np.uint8(0x7F)}
+SCALINGS = {"block": 0, "head": 1, "tensor": 2}
+FP8_BLOCK = 128
 
 
 class Layout(ctypes.Structure):
@@ -45,6 +48,19 @@ class Params(ctypes.Structure):
         ("dv", ctypes.c_void_p),
         ("dout_layout", Layout), ("dq_layout", Layout), ("dk_layout", Layout),
         ("dv_layout", Layout), ("num_splits", ctypes.c_int),
+        ("o_dtype", ctypes.c_int), ("fp8_scaling", ctypes.c_int),
+        ("q_descale", ctypes.c_void_p), ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+    ]
+
+
+class QuantizeParams(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int), ("heads", ctypes.c_int), ("seqlen", ctypes.c_int),
+        ("head_dim", ctypes.c_int), ("dtype", ctypes.c_int), ("x", ctypes.c_void_p),
+        ("x_layout", Layout), ("out", ctypes.c_void_p), ("out_layout", Layout),
+        ("descale", ctypes.c_void_p), ("scaling", ctypes.c_int), ("hadamard", ctypes.c_int),
+        ("hadamard_seed", ctypes.c_uint64),
     ]
 
 
@@ -95,6 +111,13 @@ CPU.fa_f16_to_f32.restype = ctypes.c_float
 CPU.fa_f16_to_f32.argtypes = [ctypes.c_uint16]
 CPU.fa_bf16_to_f32.restype = ctypes.c_float
 CPU.fa_bf16_to_f32.argtypes = [ctypes.c_uint16]
+CPU.fa_e4m3_to_f32.restype = ctypes.c_float
+CPU.fa_e4m3_to_f32.argtypes = [ctypes.c_uint8]
+CPU.fa_f32_to_e4m3.restype = ctypes.c_uint8
+CPU.fa_f32_to_e4m3.argtypes = [ctypes.c_float]
+CPU.fa_test_quantize_params_size.restype = ctypes.c_size_t
+CPU.fa_test_quantize_params_offset.restype = ctypes.c_size_t
+CPU.fa_test_quantize_params_offset.argtypes = [ctypes.c_char_p]
 
 
 def bf16_bits(x):
@@ -109,16 +132,47 @@ def bf16_value(bits):
     return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
+def _e4m3_table():
+    """The 256 e4m3 values from the format's definition (bias 7, 3 mantissa
+    bits, no infinities, S.1111.111 NaN)."""
+    code = np.arange(256)
+    sign = np.where(code & 0x80, -1.0, 1.0)
+    e, m = (code >> 3) & 15, code & 7
+    mag = np.where(e == 0, m / 8.0 * 2.0**-6, (1 + m / 8.0) * 2.0 ** (e - 7.0))
+    return np.where((e == 15) & (m == 7), np.nan, sign * mag)
+
+
+E4M3 = _e4m3_table()
+_E4M3_POS = np.nan_to_num(E4M3[:127], nan=np.inf)  # codes 0..126: 0 to 448, increasing
+
+
+def e4m3_bits(x):
+    """float -> e4m3 codes: nearest value, ties to the even code, finite
+    values past 448 saturated, NaN as 0x7F. Independent of the C code."""
+    x = np.asarray(x, np.float64)
+    a = np.minimum(np.abs(np.nan_to_num(x, nan=0.0)), 448.0)
+    hi = np.clip(np.searchsorted(_E4M3_POS, a), 0, 126)
+    lo = np.maximum(hi - 1, 0)
+    dl, dh = a - _E4M3_POS[lo], _E4M3_POS[hi] - a
+    code = np.where(dl < dh, lo, np.where(dh < dl, hi, np.where(lo % 2 == 0, lo, hi)))
+    code = code | np.where(np.signbit(x), 0x80, 0)
+    return np.where(np.isnan(x), 0x7F, code).astype(np.uint8)
+
+
 def to_storage(x, dtype):
     """float64 values -> storage array of dtype."""
     if dtype == "bf16":
         return bf16_bits(x)
+    if dtype == "fp8":
+        return e4m3_bits(x)
     return np.asarray(x).astype(STORAGE[dtype])
 
 
 def from_storage(s, dtype):
     if dtype == "bf16":
         return bf16_value(s)
+    if dtype == "fp8":
+        return E4M3[np.asarray(s)]
     return np.asarray(s).astype(np.float64)
 
 

@@ -42,29 +42,46 @@ static void down(mirror *m)
     }
 }
 
-enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, TENSORS };
+enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, QD, KD, VD, TENSORS };
+
+/* Floats of an FP8 descale array of fp8_scaling's shape. */
+static size_t descales(const fa_params *p, int heads, int seq)
+{
+    if (p->fp8_scaling == FA_FP8_SCALE_TENSOR) return 1;
+    if (p->fp8_scaling == FA_FP8_SCALE_HEAD) return (size_t)p->batch * heads;
+    return (size_t)p->batch * heads * ((seq + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK);
+}
 
 /* Mirrors every tensor of p on the device; d holds the params with device
    pointers. Returns FA_OK or FA_ERR_CUDA. */
 static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
 {
-    const size_t es = fa_dtype_size(p->dtype);
+    const size_t es = fa_dtype_size(p->dtype), o_es = fa_dtype_size(p->o_dtype);
+    const int fp8 = p->dtype == FA_DTYPE_FP8_E4M3;
     int bad = 0;
     memset(m, 0, sizeof(mirror) * TENSORS);
     *d = *p;
-#define FA_TEST_UP(idx, field, seq, heads)                                                   \
+#define FA_TEST_UP(idx, field, seq, heads, size)                                             \
     bad |= up(&m[idx], (void *)p->field,                                                     \
-              es * span(&p->field##_layout, p->batch, p->seq, p->heads, p->head_dim));       \
+              size * span(&p->field##_layout, p->batch, p->seq, p->heads, p->head_dim));     \
     d->field = m[idx].dev;
-    FA_TEST_UP(Q, q, seqlen_q, heads_q)
-    FA_TEST_UP(K, k, seqlen_k, heads_kv)
-    FA_TEST_UP(V, v, seqlen_k, heads_kv)
-    FA_TEST_UP(O, o, seqlen_q, heads_q)
-    FA_TEST_UP(DOUT, dout, seqlen_q, heads_q)
-    FA_TEST_UP(DQ, dq, seqlen_q, heads_q)
-    FA_TEST_UP(DK, dk, seqlen_k, heads_kv)
-    FA_TEST_UP(DV, dv, seqlen_k, heads_kv)
+    FA_TEST_UP(Q, q, seqlen_q, heads_q, es)
+    FA_TEST_UP(K, k, seqlen_k, heads_kv, es)
+    FA_TEST_UP(V, v, seqlen_k, heads_kv, es)
+    FA_TEST_UP(O, o, seqlen_q, heads_q, o_es)
+    FA_TEST_UP(DOUT, dout, seqlen_q, heads_q, es)
+    FA_TEST_UP(DQ, dq, seqlen_q, heads_q, es)
+    FA_TEST_UP(DK, dk, seqlen_k, heads_kv, es)
+    FA_TEST_UP(DV, dv, seqlen_k, heads_kv, es)
 #undef FA_TEST_UP
+    if (fp8) {
+        bad |= up(&m[QD], (void *)p->q_descale, sizeof(float) * descales(p, p->heads_q, p->seqlen_q));
+        bad |= up(&m[KD], (void *)p->k_descale, sizeof(float) * descales(p, p->heads_kv, p->seqlen_k));
+        bad |= up(&m[VD], (void *)p->v_descale, sizeof(float) * descales(p, p->heads_kv, p->seqlen_k));
+        d->q_descale = (const float *)m[QD].dev;
+        d->k_descale = (const float *)m[KD].dev;
+        d->v_descale = (const float *)m[VD].dev;
+    }
     bad |= up(&m[LSE], p->lse, sizeof(float) * p->batch * p->heads_q * p->seqlen_q);
     d->lse = (float *)m[LSE].dev;
     return bad ? FA_ERR_CUDA : FA_OK;
@@ -257,5 +274,29 @@ int fa_test_gpu_count(void)
 {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+/* fa_cuda_quantize_fp8 with host pointers: x, out and descale mirrored
+   (out and descale copied back whatever the status). */
+fa_status fa_test_gpu_quantize(const fa_quantize_params *hp)
+{
+    mirror m[3];
+    fa_quantize_params p, d;
+    fa_status s = fa_quantize_resolve(hp, &p);
+    const size_t blocks = (size_t)(p.seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK;
+    int bad = 0, i;
+    if (s != FA_OK || p.scaling != FA_FP8_SCALE_BLOCK) return fa_cuda_quantize_fp8(hp, 0);
+    d = p;
+    bad |= up(&m[0], (void *)p.x,
+              fa_dtype_size(p.dtype) * span(&p.x_layout, p.batch, p.seqlen, p.heads, p.head_dim));
+    bad |= up(&m[1], p.out, span(&p.out_layout, p.batch, p.seqlen, p.heads, p.head_dim));
+    bad |= up(&m[2], p.descale, sizeof(float) * p.batch * p.heads * blocks);
+    d.x = m[0].dev, d.out = m[1].dev, d.descale = (float *)m[2].dev;
+    s = bad ? FA_ERR_CUDA : fa_cuda_quantize_fp8(&d, 0);
+    if (cudaDeviceSynchronize() != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
+    m[0].host = NULL; /* x is not copied back */
+    cudaFree(m[0].dev);
+    m[0].dev = NULL;
+    for (i = 0; i < 3; ++i) down(&m[i]);
+    return s;
 }
 }

@@ -495,10 +495,12 @@ def params_struct_matches_ctypes_mirror():
     assert fa.CPU.fa_test_params_size() == ctypes.sizeof(fa.Params)
     for name, _ in fa.Params._fields_:
         assert fa.CPU.fa_test_params_offset(name.encode()) == getattr(fa.Params, name).offset, name
-    assert fa.CPU.fa_test_combine_params_size() == ctypes.sizeof(fa.CombineParams)
-    for name, _ in fa.CombineParams._fields_:
-        assert (fa.CPU.fa_test_combine_params_offset(name.encode()) ==
-                getattr(fa.CombineParams, name).offset), name
+    for stem, mirror in (("combine_params", fa.CombineParams),
+                         ("quantize_params", fa.QuantizeParams)):
+        assert getattr(fa.CPU, f"fa_test_{stem}_size")() == ctypes.sizeof(mirror), stem
+        for name, _ in mirror._fields_:
+            assert (getattr(fa.CPU, f"fa_test_{stem}_offset")(name.encode()) ==
+                    getattr(mirror, name).offset), (stem, name)
 
 
 @test
@@ -610,7 +612,7 @@ BAD_INPUTS = [
     ("negative_stride", _set(k_layout=(-1, 64, 128)), "FA_ERR_INVALID_LAYOUT", False),
     ("dk_overlap", _set(dk_layout=(64, 32, 128)), "FA_ERR_INVALID_LAYOUT", True),
     ("dtype_unknown", _set(dtype=7), "FA_ERR_INVALID_ARGUMENT", False),
-    ("dtype_fp8_reserved", _set(dtype=3), "FA_ERR_UNSUPPORTED", False),
+    ("dtype_fp8_without_descales", _set(dtype=3), "FA_ERR_NULL_POINTER", False),
     ("scale_negative", _set(scale=-1.0), "FA_ERR_INVALID_ARGUMENT", False),
     ("scale_nan", _set(scale=float("nan")), "FA_ERR_INVALID_ARGUMENT", False),
     ("softcap_inf", _set(softcap=float("inf")), "FA_ERR_INVALID_ARGUMENT", True),

@@ -402,17 +402,17 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #define FA_I_FA3_FWD_L2HINTS(rows, keys, stages, qbufs, pingpong, softmax, l2) l2
 
 /* FA3 FP8 forward (Hopper, e4m3 Q, K, V): the FA3 forward's columns, with
-   SOFTMAX 0 and KEYS of FA_FP8_BLOCK (one descale of K and V per tile);
-   ROWS 0: none at that head dim.
+   SOFTMAX 0 and KEYS 64 or 128 (one descale of K and V per tile, V^T rows
+   of KEYS bytes); ROWS 0: none at that head dim.
                                  ROWS KEYS STAGES QBUFS PINGPONG SOFTMAX L2HINTS */
 #ifndef FA_FA3_FP8_TILE_64
-#define FA_FA3_FP8_TILE_64        128, 128, 2,     1,    0,       0,      0
+#define FA_FA3_FP8_TILE_64        192, 128, 2,     1,    0,       0,      0
 #endif
 #ifndef FA_FA3_FP8_TILE_128
 #define FA_FA3_FP8_TILE_128       128, 128, 2,     1,    0,       0,      0
 #endif
 #ifndef FA_FA3_FP8_TILE_256
-#define FA_FA3_FP8_TILE_256       0,   0,   0,     0,    0,       0,      0
+#define FA_FA3_FP8_TILE_256       128, 64,  2,     1,    0,       0,      0
 #endif
 
 /* FA3 backward (Hopper, atomic mode): one CTA of two warpgroups per key block.
@@ -475,9 +475,15 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
    tile loop spills at 24. nc = 2: 40 / 232 of 168; nc = 3: 32 / 160 of 128. */
 #define FA_I_SM90_PRODUCER_REGS(nc) ((nc) == 2 ? 40 : 32)
 #define FA_I_SM90_CONSUMER_REGS(nc) ((nc) == 2 ? 232 : 160)
+/* FP8's producer warpgroup also transposes V: with 3 consumers it keeps 40
+   (its consumers need no more than 152: P is half the size). */
+#define FA_I_SM90_PRODUCER_REGS_OF(nc, fp8) ((fp8) && (nc) == 3 ? 40 : FA_I_SM90_PRODUCER_REGS(nc))
+#define FA_I_SM90_CONSUMER_REGS_OF(nc, fp8) ((fp8) && (nc) == 3 ? 152 : FA_I_SM90_CONSUMER_REGS(nc))
 #define FA_I_SM90_LAUNCH_REGS(nc) (65536 / (128 * ((nc) + 1)) / 8 * 8)
 static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 * FA_I_SM90_LAUNCH_REGS(2) &&
-                  FA_I_SM90_PRODUCER_REGS(3) + 3 * FA_I_SM90_CONSUMER_REGS(3) <= 4 * FA_I_SM90_LAUNCH_REGS(3),
+                  FA_I_SM90_PRODUCER_REGS(3) + 3 * FA_I_SM90_CONSUMER_REGS(3) <= 4 * FA_I_SM90_LAUNCH_REGS(3) &&
+                  FA_I_SM90_PRODUCER_REGS_OF(3, 1) + 3 * FA_I_SM90_CONSUMER_REGS_OF(3, 1) <=
+                      4 * FA_I_SM90_LAUNCH_REGS(3),
               "flashattn: setmaxnreg can't hand out more registers than the CTA launched with");
 #endif /* >> tile tables */
 
@@ -922,12 +928,12 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
     } while (0)
 
 /* Issues acc += P V over kdim keys (one k32 step per wgmma) with P in e4m3
-   from registers, 4 per step, and V^T the K-major [d][128] tile at b (keys
-   of one 128-key row, 128-byte swizzle, in the order of P's registers: see
+   from registers, 4 per step, and V^T the K-major [d][kdim] tile at b (rows
+   of kdim = 64 or 128 bytes, keys in the order of P's registers: see
    fa_i_fa3_transpose_v). The FP8 forward's O += P V. */
 #define FA_I_SM90_GEMM_RS8(WGMMA, acc, a, b, kdim)                                            \
     do {                                                                                      \
-        const uint64_t bd_ = fa_i_wgmma_desc(b, 16, 1024);                                    \
+        const uint64_t bd_ = fa_i_wgmma_desc_rows(b, kdim);                                   \
         int k_;                                                                               \
         _Pragma("unroll") for (k_ = 0; k_ < (kdim) / 32; ++k_)                                \
             WGMMA(acc, (a) + 4 * k_, fa_i_desc_add(bd_, k_ * 32));                            \
@@ -1022,7 +1028,8 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
     FA_I_DEFINE_WGMMA_RS(256, 128, DT, "{%128,%129,%130,%131}", "%132", "%133")
 FA_I_DEFINE_WGMMA_SET(f16)
 FA_I_DEFINE_WGMMA_SET(bf16)
-/* FP8: S tiles of 128 keys, O tiles of d. */
+/* FP8: S tiles of 64 or 128 keys, O tiles of d. */
+FA_I_DEFINE_WGMMA_SS_K(ss, "", 64, 32, 32, e4m3, "%32", "%33", "%34")
 FA_I_DEFINE_WGMMA_SS_K(ss, "", 128, 32, 64, e4m3, "%64", "%65", "%66")
 FA_I_DEFINE_WGMMA_RS_K("", 64, 32, 32, e4m3, "{%32,%33,%34,%35}", "%36", "%37")
 FA_I_DEFINE_WGMMA_RS_K("", 128, 32, 64, e4m3, "{%64,%65,%66,%67}", "%68", "%69")
@@ -1033,18 +1040,18 @@ FA_I_DEFINE_WGMMA_RS_K("", 256, 32, 128, e4m3, "{%128,%129,%130,%131}", "%132", 
 #undef FA_I_DEFINE_WGMMA_SS_K
 #undef FA_I_DEFINE_WGMMA_RS_K
 
-/* ldmatrix x4 (16-bit, no transpose) and stmatrix x4 with transpose, by
-   shared-memory address: each lane gives one row address (lanes 8i..8i+7
-   the rows of matrix i). */
-static __device__ __forceinline__ void fa_i_ldsm_x4(uint32_t r[4], uint32_t addr)
+/* ldmatrix x4 with transpose and stmatrix x4 (16-bit), by shared-memory
+   address: each lane gives one row address (lanes 8i..8i+7 the rows of
+   matrix i). */
+static __device__ __forceinline__ void fa_i_ldsm_x4_trans(uint32_t r[4], uint32_t addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
-static __device__ __forceinline__ void fa_i_stsm_x4_trans(uint32_t addr, const uint32_t r[4])
+static __device__ __forceinline__ void fa_i_stsm_x4(uint32_t addr, const uint32_t r[4])
 {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
                  "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
 }
@@ -1743,9 +1750,11 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, int64_t 
 static_assert(FA_I_FA3_FORM != 1 || FA_I_FA3_NC == 2,
               "flashattn: FA3 SOFTMAX form 1 needs two consumer warpgroups");
 static_assert(!FA_I_FP8 || (FA_I_FA3_FORM == 0 && FA_FP8_BLOCK % 64 == 0 &&
-                            FA_I_FA3_BN == FA_FP8_BLOCK && FA_I_FA3_O_APART),
-              "flashattn: FP8 tiles take SOFTMAX form 0, FA_FP8_BLOCK keys (one descale of K "
-              "and V each; a warpgroup's 64 rows have one of Q), and O's own buffer");
+                            (FA_I_FA3_BN == 64 || FA_I_FA3_BN == 128) &&
+                            FA_FP8_BLOCK % FA_I_FA3_BN == 0 && FA_I_FA3_O_APART),
+              "flashattn: FP8 tiles take SOFTMAX form 0, 64 or 128 keys within one "
+              "FA_FP8_BLOCK (one descale of K and V each; a warpgroup's 64 rows have one of "
+              "Q), and O's own buffer");
 
 /* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_qk)(float *s, uint32_t sq, uint32_t sk)
@@ -1998,7 +2007,12 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_rowmax)(
     fa_i_fence_f32(o, FA_I_D / 2);
     fa_i_fence_u32(pr, FA_I_FA3_PR);
     if (lane == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
+#if FA_I_FP8 /* once the row maxima settle, most tiles leave O's scale alone */
+    FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha,
+                                        __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f));
+#else
     FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
+#endif
 }
 
 #if !FA_I_FP8
@@ -2120,12 +2134,14 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
 /* FP8's V^T: the wgmma's B operand must be K-major, so warps 1-3 of the
    producer warpgroup (warp 0 of 3 here) transpose each V tile the TMA
    brought into svr ([chunks][BN keys][RB], rows of d) into sv ([d][BN
-   keys], 128-byte swizzle), key order within each 16 keys as P's registers
-   have them (fa_i_fa3_rescale_pack): position 4t + j holds key 2t + j % 2 +
-   8 (j / 2). A unit is 16 keys x 32 of d: one ldmatrix x4 reads the keys of
-   even and odd positions (matrices 0, 1; 2, 3 for d + 16) as 16-bit rows,
-   byte permutes pair each even key with its odd neighbour, and one stmatrix
-   x4 with transpose writes 16 positions of 8 rows of V^T per matrix. */
+   keys], rows of BN bytes, swizzled), key order within each 16 keys as P's
+   registers have them (fa_i_fa3_rescale_pack): position 4t + j holds key
+   2t + j % 2 + 8 (j / 2). A unit is 16 keys x 32 of d: one ldmatrix x4 with
+   transpose reads keys 0-7 and 8-15 (matrices 0, 1; 2, 3 for d + 16), so a
+   lane holds keys 2t, 2t + 1 (and 8 + 2t, 9 + 2t) at d 2g, 2g + 1; byte
+   permutes make positions 4t .. 4t + 3 of d 2g and of d 2g + 1, and one
+   stmatrix x4 writes them to rows 2g, 2g + 1 (+16) of V^T. The reads are
+   8 consecutive keys, free of bank conflicts. */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const fa_params *p,
                                                                          const fa_i_fa3_smem *L,
                                                                          int warp)
@@ -2137,8 +2153,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const 
     const int lane = threadIdx.x & 31, mi = lane >> 3, row = lane & 7;
     /* this lane's row of each matrix: the ldmatrix's key and d, the
        stmatrix's row of V^T */
-    const int pos = 2 * row + (mi & 1), ld_key = (pos >> 2) * 2 + (pos & 1) + 8 * ((pos >> 1) & 1);
-    const int ld_d = 16 * (mi >> 1), st_d = 4 * (row >> 1) + (row & 1) + 2 * (mi & 1) + 16 * (mi >> 1);
+    const int ld_key = 8 * (mi & 1) + row, ld_d = 16 * (mi >> 1);
+    const int st_d = 16 * (mi >> 1) + 2 * row + (mi & 1);
     const int blocks_m = (p->seqlen_q + BM - 1) / BM;
     int64_t k;
     int it = 0, mb, h, b, have = fa_i_fa3_tile(p, 0, blocks_m, &mb, &h, &b);
@@ -2152,16 +2168,17 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const 
             fa_i_mbar_wait(L->v_empty + 8 * r.stage, r.phase ^ 1);
             for (u = warp; u < UNITS; u += 3) {
                 const int kg = u % KEY_UNITS, c0 = 32 * (u / KEY_UNITS);
-                const int key = 16 * kg + ld_key, dd = c0 + ld_d, vt_row = c0 + st_d;
+                const int key = 16 * kg + ld_key, dd = c0 + ld_d, vt = c0 + st_d;
                 const int unit = (dd % RB) >> 4;
                 const int swz = RB == 128 ? unit ^ (key & 7) : unit ^ ((key >> 1) & 3);
+                const int vt_swz = BN == 128 ? kg ^ (vt & 7) : kg ^ ((vt >> 1) & 3);
                 uint32_t x[4], y[4];
-                fa_i_ldsm_x4(x, src + (dd / RB) * BN * RB + key * RB + (swz << 4));
-                y[0] = __byte_perm(x[0], x[1], 0x5140);
-                y[1] = __byte_perm(x[0], x[1], 0x7362);
-                y[2] = __byte_perm(x[2], x[3], 0x5140);
-                y[3] = __byte_perm(x[2], x[3], 0x7362);
-                fa_i_stsm_x4_trans(dst + vt_row * 128 + ((kg ^ (vt_row & 7)) << 4), y);
+                fa_i_ldsm_x4_trans(x, src + (dd / RB) * BN * RB + key * RB + (swz << 4));
+                y[0] = __byte_perm(x[0], x[1], 0x6420);
+                y[1] = __byte_perm(x[0], x[1], 0x7531);
+                y[2] = __byte_perm(x[2], x[3], 0x6420);
+                y[3] = __byte_perm(x[2], x[3], 0x7531);
+                fa_i_stsm_x4(dst + vt * BN + (vt_swz << 4), y);
             }
             fa_i_fence_proxy_async();
             __syncwarp();
@@ -2276,7 +2293,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         in_ring = O_IN_RING && n_first < n_end;
 #if FA_I_FP8
         /* the descales: Q's of this warpgroup's rows (in one FA_FP8_BLOCK),
-           K's and V's of key tile n at dk[n * ds_step], dv[n * ds_step] */
+           K's and V's of key tile n at dk, dv[FA_I_KEY_BLOCK(n)] */
         const int ds_step = p->fp8_scaling == FA_FP8_SCALE_BLOCK;
         const int hk_now = h_now / (p->heads_q / p->heads_kv);
         const float dq = p->q_descale[fa_i_descale_index(p->fp8_scaling, b_now, h_now, p->heads_q,
@@ -2285,9 +2302,10 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
                                                             p->heads_kv, p->seqlen_k, 0);
         const float *dv = p->v_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,
                                                             p->heads_kv, p->seqlen_k, 0);
-#define FA_I_S_MUL(n) (dq * dk[(n) * ds_step])
+#define FA_I_KEY_BLOCK(n) ((n) * BN / FA_FP8_BLOCK * ds_step)
+#define FA_I_S_MUL(n) (dq * dk[FA_I_KEY_BLOCK(n)])
 #define FA_I_LOG2_SCALE(n) (p->softcap > 0.0f ? 1.0f : log2_scale * FA_I_S_MUL(n))
-#define FA_I_O_MUL(n) (dv[((n) - 1) * ds_step] / dv[(n) * ds_step])
+#define FA_I_O_MUL(n) (dv[FA_I_KEY_BLOCK((n) - 1)] / dv[FA_I_KEY_BLOCK(n)])
 #else
 #define FA_I_S_MUL(n) 1.0f
 #define FA_I_LOG2_SCALE(n) log2_scale
@@ -2366,7 +2384,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[i] = l > 0.0f ? fa_i_dev_rcp(l) : 0.0f;
 #if FA_I_FP8 /* O in units of the last V tile's descale; P was 2^8 too large */
-            if (n_first < n_end) inv[i] *= dv[(n_end - 1) * ds_step];
+            if (n_first < n_end) inv[i] *= dv[FA_I_KEY_BLOCK(n_end - 1)];
             if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
                 p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
                     l > 0.0f ? (m_run[i] + fa_i_dev_log2(l) - FA_I_FP8_P_SHIFT) * FA_I_LN2_F
@@ -2395,6 +2413,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
 #undef FA_I_S_MUL
 #undef FA_I_LOG2_SCALE
 #undef FA_I_O_MUL
+#undef FA_I_KEY_BLOCK
         it += n_end > n_first ? n_end - n_first : 0;
         if (O_APART) {
             /* O's buffer is free once this thread's previous store has read it. */
@@ -2471,7 +2490,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
     }
     __syncthreads();
     if (tid < 128) { /* producer warpgroup: one thread issues every copy */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS(NC)));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS_OF(NC, FA_I_FP8)));
         if (tid == 0) FA_I_KNAME_V(fa_i_fa3_producer)(&p, &maps, &L);
 #if FA_I_FP8
         else if (tid >= 32) FA_I_KNAME_V(fa_i_fa3_transpose_v)(&p, &L, __shfl_sync(0xffffffffu, tid / 32 - 1, 0));
@@ -2480,7 +2499,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
         /* the warpgroup index from lane 0: ptxas then treats it (and what
            derives from it) as warp-uniform; tid / 128 alone it does not */
         const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0);
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS(NC)));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS_OF(NC, FA_I_FP8)));
         FA_I_KNAME_V(fa_i_fa3_consumer)(&p, &maps, &L, cw);
     }
 #else
@@ -2860,13 +2879,15 @@ static __device__ __forceinline__ void fa_i_quant_load(const fa_quantize_params 
     for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] = i < n ? fa_i_load_any(p->x, at + i, p->dtype) : 0.0f;
 }
 
-/* Rotates the row whose run lane j of lr (lanes xor-adjacent) holds in v. */
+/* Rotates the row whose run lane j of lr (lanes xor-adjacent) holds in v;
+   bit i of neg: element j e + i takes the sign -1. */
 static __device__ __forceinline__ void fa_i_quant_rotate(const fa_quantize_params *p, int e, int lr,
-                                                         int j, float *v)
+                                                         int j, uint32_t neg, float *v)
 {
     int i, m;
 #pragma unroll
-    for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] *= fa_i_hadamard_sign(p->hadamard_seed, j * e + i);
+    for (i = 0; i < FA_I_QUANT_RUN; ++i) /* x * -1 as a sign flip */
+        v[i] = __int_as_float(__float_as_int(v[i]) ^ (int)(((neg >> i) & 1u) << 31));
 #pragma unroll
     for (m = 1; m < FA_I_QUANT_RUN; m <<= 1) /* spans m < e inside the lane */
         if (m < e)
@@ -2889,29 +2910,41 @@ static __device__ __forceinline__ void fa_i_quant_rotate(const fa_quantize_param
     for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] *= 1.0f / sqrtf((float)p->head_dim);
 }
 
-static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS)
-    fa_i_quantize_fp8(const fa_quantize_params p)
+/* One block of rows (the CTA's), each lane holding `iters` rows. */
+static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_params *pp, int iters)
 {
-    __shared__ float part[FA_I_QUANT_WARPS]; /* the warps' amax; static: see fa_i_fa3_compiled */
+    /* the warps' amax, the signs as bits (static: see fa_i_fa3_compiled) */
+    __shared__ float part[FA_I_QUANT_WARPS];
+    __shared__ uint32_t neg_words[FA_MAX_HEAD_DIM / 32];
+    const fa_quantize_params p = *pp;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = p.head_dim;
     const int e = d < FA_I_QUANT_RUN ? d : FA_I_QUANT_RUN, lr = (d + e - 1) / e, rw = 32 / lr;
     const int j = lane % lr, n = min(e, d - j * e); /* this lane's run: elements j e .. + n */
     const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int r0 = blk * FA_FP8_BLOCK, r1 = min(r0 + FA_FP8_BLOCK, p.seqlen);
     float v[FA_I_QUANT_ITERS][FA_I_QUANT_RUN], amax = 0.0f, inv;
+    uint32_t neg = 0;
     int it, i;
+    if (p.hadamard) { /* each sign once per CTA, not once per row */
+        const int elem = 32 * warp + lane;
+        const uint32_t bits =
+            __ballot_sync(0xffffffffu, elem < d && fa_i_hadamard_sign(p.hadamard_seed, elem) < 0.0f);
+        if (lane == 0 && warp < FA_MAX_HEAD_DIM / 32) neg_words[warp] = bits;
+        __syncthreads();
+        neg = neg_words[(j * e) >> 5] >> ((j * e) & 31);
+    }
 #define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_WARPS + warp) * rw + lane / lr)
 #define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
 #pragma unroll
     for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
         const int r = FA_I_QUANT_ROW(it);
-        if (r0 + it * FA_I_QUANT_WARPS * rw >= r1) break; /* the warps' rows end here */
+        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break; /* the warps' rows end */
         if (FA_I_QUANT_MINE(it))
             fa_i_quant_load(&p, fa_i_dev_offset(&p.x_layout, b, h, r) + j * e, n, v[it]);
         else
 #pragma unroll
             for (i = 0; i < FA_I_QUANT_RUN; ++i) v[it][i] = 0.0f;
-        if (p.hadamard) fa_i_quant_rotate(&p, e, lr, j, v[it]);
+        if (p.hadamard) fa_i_quant_rotate(&p, e, lr, j, neg, v[it]);
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN; ++i) amax = fmaxf(amax, fabsf(v[it][i]));
     }
@@ -2931,7 +2964,7 @@ static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS)
         const int r = FA_I_QUANT_ROW(it);
         uint32_t w[FA_I_QUANT_RUN / 4];
         uint8_t *out;
-        if (r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
+        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
         if (!FA_I_QUANT_MINE(it)) continue;
         out = (uint8_t *)p.out + fa_i_dev_offset(&p.out_layout, b, h, r) + j * e;
 #pragma unroll
@@ -2949,6 +2982,19 @@ static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS)
     }
 #undef FA_I_QUANT_ROW
 #undef FA_I_QUANT_MINE
+}
+
+/* Rows of d <= 128 fit one row a lane (at least 8 rows a warp): two CTAs an
+   SM keep more loads in flight; longer rows take two. */
+static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 2)
+    fa_i_quantize_fp8_short(const fa_quantize_params p)
+{
+    fa_i_quantize_block(&p, 1);
+}
+static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 1)
+    fa_i_quantize_fp8_long(const fa_quantize_params p)
+{
+    fa_i_quantize_block(&p, 2);
 }
 #endif /* >> quantize */
 
@@ -4038,7 +4084,7 @@ static_assert(!FA_I_FA3_FP8_HAS || FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1) <= FA_
               "flashattn: FA3 FP8 tiles exceed shared memory");
 static_assert(!FA_I_FA3_FP8_HAS ||
                   FA_I_D / 2 + 5 * FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_FP8_ROW) / 8 + 24 <=
-                      FA_I_SM90_CONSUMER_REGS(FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64),
+                      FA_I_SM90_CONSUMER_REGS_OF(FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64, 1),
               "flashattn: FA3 FP8 accumulators exceed the consumer registers");
 #define FA_I_FA3_Q_BUFS_0 FA_I_FA3_Q_BUFS_OF(0)
 #define FA_I_FA3_O_APART_0 FA_I_FA3_O_APART_OF(0)
@@ -4599,7 +4645,7 @@ static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
 #endif
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "fp8 runs on the FA3 kernel only: an sm_90a build (FA_VARIANT 2) on "
-                         "compute capability 9.0, d = 64 or 128");
+                         "compute capability 9.0, d = 64, 128 or 256");
     }
     if ((s = fa_i_plan_decode(plan, &dev, workspace, &taken)) != FA_OK || taken) return s;
 #if FA_VARIANT == 1
@@ -4692,11 +4738,14 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
 FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *params, cudaStream_t stream)
 {
     fa_quantize_params p;
-    static_assert(FA_FP8_BLOCK <= FA_I_QUANT_ITERS * FA_I_QUANT_WARPS * 32 * FA_I_QUANT_RUN / FA_MAX_HEAD_DIM,
-                  "flashattn: the quantize CTA's lanes hold fewer rows than a block");
     fa_i_device dev;
     struct cudaFuncAttributes attr;
+    const void *kernel;
     cudaError_t e;
+    static_assert(FA_FP8_BLOCK <= FA_I_QUANT_ITERS * FA_I_QUANT_WARPS * 32 * FA_I_QUANT_RUN / FA_MAX_HEAD_DIM &&
+                      FA_FP8_BLOCK <= FA_I_QUANT_WARPS * 32 * FA_I_QUANT_RUN / 128 &&
+                      FA_MAX_HEAD_DIM / 32 <= FA_I_QUANT_WARPS,
+                  "flashattn: the quantize CTA's lanes hold fewer rows than a block");
     fa_status s = fa_quantize_resolve(params, &p);
     if (s != FA_OK) return s;
     if (p.scaling != FA_FP8_SCALE_BLOCK)
@@ -4710,13 +4759,13 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *params, cudaStre
         return fa_i_fail(FA_ERR_UNSUPPORTED, "fp8 needs compute capability 8.9, not %d.%d",
                          dev.major, dev.minor);
     /* a build without code for this device has only the stub: no static smem */
-    if ((e = cudaFuncGetAttributes(&attr, (const void *)fa_i_quantize_fp8)) != cudaSuccess ||
-        attr.sharedSizeBytes == 0) {
+    kernel = p.head_dim <= 128 ? (const void *)fa_i_quantize_fp8_short
+                               : (const void *)fa_i_quantize_fp8_long;
+    if ((e = cudaFuncGetAttributes(&attr, kernel)) != cudaSuccess || attr.sharedSizeBytes == 0) {
         cudaGetLastError();
         return fa_i_fail(FA_ERR_UNSUPPORTED, "this build has no fp8 quantize kernel for the device");
     }
-    return fa_i_launch((const void *)fa_i_quantize_fp8,
-                       dim3(fa_i_blocks(p.seqlen, FA_FP8_BLOCK), p.heads, p.batch),
+    return fa_i_launch(kernel, dim3(fa_i_blocks(p.seqlen, FA_FP8_BLOCK), p.heads, p.batch),
                        32 * FA_I_QUANT_WARPS, 0, stream, &p, NULL);
 }
 

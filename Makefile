@@ -1,6 +1,6 @@
 # flashattn: `make demo` runs the main demo, `make test` every test (the GPU
-# tests only where nvidia-smi sees a GPU), `make bench` (GPU sweep and
-# decode) / `make bench-decode` / `make bench-cpu` benchmark, `make sanitize`
+# tests only where nvidia-smi sees a GPU), `make bench` (GPU sweep,
+# decode and FP8) / `make bench-decode` / `make bench-cpu` benchmark, `make sanitize`
 # runs compute-sanitizer over the reduced GPU suite.
 CC      ?= cc
 PYTHON  ?= python3
@@ -92,6 +92,7 @@ $(BUILD)/fma_peak: bench/fma_peak.c | $(BUILD)
 bench: numpy $(GPU_LIBS) $(BENCH_LIBS)
 	$(PYTHON) bench/bench_gpu.py
 	$(PYTHON) bench/bench_decode.py
+	$(PYTHON) bench/bench_fp8.py
 
 bench-decode: numpy $(GPU_LIBS)
 	$(PYTHON) bench/bench_decode.py

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.3.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.4.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -32,6 +32,9 @@
      num_splits: keys in chunks merged by LSE (0: the library's choice).
      fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
      key ranges by their LSE (fa_combine_params).
+     FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
+     their descales (fa_fp8_scaling), o is written in o_dtype;
+     fa_*_quantize_fp8 makes such inputs (fa_quantize_params).
 
    LAYOUT
      Every tensor is [batch, seq, heads, head_dim] addressed by element
@@ -67,7 +70,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 3
+#define FA_VERSION_MINOR 4
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
@@ -2058,6 +2061,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.4.0  FP8 (e4m3) forward: block, head or tensor descales, o in bf16 or
+          f16; fa_cpu/fa_cuda_quantize_fp8 with the Hadamard rotation; the
+          CPU forward and the reference take fp8 inputs
    0.3.0  CPU: AVX2 + FMA microkernels, vector exp and 16-bit loads, 192 x 64
           tiles, caller-owned thread pools (fa_cpu_pool_create)
    0.2.0  split-KV and fa_*_combine; the GPU decode path (seqlen_q <= 16);

@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.2.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.4.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -18,10 +18,13 @@
                FA2 (mma.sync, sm_80 and newer) everywhere else, and where FA3
                can't take a problem (the driver refuses a tensor map).
                FA1 with FA_VARIANT=1: the teaching kernel, global O/m/l state.
+     fp8       the FA3 forward with e4m3 Q, K, V (d = 64, 128, 256), V
+               transposed in the kernel; fa_cuda_quantize_fp8 makes its inputs.
      backward  FA3 on Hopper at d = 64, 128, 256 (dQ by bulk reduce-add);
                FA2 elsewhere, and always in the deterministic mode (a
                separate dQ kernel, no atomics).
-   Head dims 32 64 96 128 160 192 256, f16 and bf16. Options: >> options.
+   Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above).
+   Options: >> options.
 
    CONTENTS  sections in dataflow order; search for ">> name"
      >> api  >> options  >> tile tables  >> types  >> ptx helpers  >> common
@@ -35,7 +38,7 @@
        FA_I_PASS_HEAD_DIM  per head dim   the kernel table fa_i_kernels_<d>
          FA_I_PASS_DTYPE   per dtype
            FA_I_PASS_FA2_FWD              fa_i_fwd_fa2_<dt>_d<d>
-           FA_I_PASS_FA3_FWD   per tile   fa_i_fwd_fa3_<dt>_d<d>_t<v>
+           FA_I_PASS_FA3_FWD   per tile   fa_i_fwd_fa3_<dt>_d<d>_t<v> (dt e4m3: FP8, t0 only)
            FA_I_PASS_FA2_BWD_KV per tile  fa_i_bwd_kv_fa2[_dq]_<dt>_d<d>_s<kb>
            FA_I_PASS_FA2_BWD_Q            fa_i_bwd_q_fa2_<dt>_d<d>
            FA_I_PASS_FA3_BWD              fa_i_bwd_fa3_<dt>_d<d>
@@ -2007,12 +2010,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_rowmax)(
     fa_i_fence_f32(o, FA_I_D / 2);
     fa_i_fence_u32(pr, FA_I_FA3_PR);
     if (lane == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
-#if FA_I_FP8 /* once the row maxima settle, most tiles leave O's scale alone */
-    FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha,
-                                        __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f));
-#else
     FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
-#endif
 }
 
 #if !FA_I_FP8
@@ -2296,8 +2294,10 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
            K's and V's of key tile n at dk, dv[FA_I_KEY_BLOCK(n)] */
         const int ds_step = p->fp8_scaling == FA_FP8_SCALE_BLOCK;
         const int hk_now = h_now / (p->heads_q / p->heads_kv);
+        /* (a warpgroup whose rows all lie past the end reads the last block's) */
         const float dq = p->q_descale[fa_i_descale_index(p->fp8_scaling, b_now, h_now, p->heads_q,
-                                                         p->seqlen_q, m0 + 64 * cw)];
+                                                         p->seqlen_q,
+                                                         min(m0 + 64 * cw, p->seqlen_q - 1))];
         const float *dk = p->k_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,
                                                             p->heads_kv, p->seqlen_k, 0);
         const float *dv = p->v_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,

@@ -75,6 +75,9 @@
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
+/* Longest seqlen_q, seqlen_k (and quantize seqlen) any path takes: 2^31 -
+   2^16, so that every tile index and tile end stays in 32 bits. */
+#define FA_MAX_SEQLEN 0x7FFF0000
 /* Most parts fa_*_combine merges, and most key splits a forward takes. */
 #define FA_MAX_PARTS 128
 
@@ -650,6 +653,10 @@ static fa_status fa_i_check_layout(fa_layout *l, const char *name, int batch, in
     int64_t stride[3], extent[3], span = d;
     int i, j, n = 0;
     if (l->batch == 0 && l->head == 0 && l->seq == 0) {
+        if ((int64_t)heads * d > (INT64_MAX / 4) / seq / batch)
+            return fa_i_fail(FA_ERR_INVALID_SIZE,
+                             "%s: %d x %d x %d x %d elements overflow 64-bit offsets", name, batch,
+                             seq, heads, d);
         l->head = d;
         l->seq = (int64_t)heads * d;
         l->batch = (int64_t)seq * heads * d;
@@ -674,6 +681,62 @@ static fa_status fa_i_check_layout(fa_layout *l, const char *name, int batch, in
             return fa_i_fail(FA_ERR_INVALID_LAYOUT, "%s: stride %lld overflows 64-bit offsets",
                              name, (long long)stride[i]);
         span += (extent[i] - 1) * stride[i];
+    }
+    return FA_OK;
+}
+
+/* The bytes [lo, hi) a tensor's elements lie in (layout resolved). */
+typedef struct fa_i_span {
+    const char *name;
+    uintptr_t lo, hi;
+} fa_i_span;
+
+static fa_i_span fa_i_span_of(const char *name, const void *ptr, const fa_layout *l, int batch,
+                              int seq, int heads, int d, fa_dtype dtype)
+{
+    fa_i_span s;
+    s.name = name;
+    s.lo = (uintptr_t)ptr;
+    s.hi = s.lo + (uintptr_t)(((int64_t)(batch - 1) * l->batch + (int64_t)(heads - 1) * l->head +
+                               (int64_t)(seq - 1) * l->seq + d) *
+                              (int64_t)fa_dtype_size(dtype));
+    return s;
+}
+
+/* Aliasing rule: no output may overlap an input or another output (an
+   output over an input would be read after it was written: FA_ERR_INVALID_LAYOUT). */
+static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
+{
+    const int b = p->batch, nq = p->seqlen_q, nk = p->seqlen_k, hq = p->heads_q, hk = p->heads_kv;
+    const int d = p->head_dim;
+    const int64_t lse_bytes = (int64_t)b * hq * nq * 4;
+    fa_i_span in[6], out[3];
+    int ni = 0, no = 0, i, j;
+    in[ni++] = fa_i_span_of("q", p->q, &p->q_layout, b, nq, hq, d, p->dtype);
+    in[ni++] = fa_i_span_of("k", p->k, &p->k_layout, b, nk, hk, d, p->dtype);
+    in[ni++] = fa_i_span_of("v", p->v, &p->v_layout, b, nk, hk, d, p->dtype);
+    if (pass == FA_PASS_FORWARD) {
+        out[no++] = fa_i_span_of("o", p->o, &p->o_layout, b, nq, hq, d, p->o_dtype);
+        if (p->lse) {
+            out[no].name = "lse", out[no].lo = (uintptr_t)p->lse;
+            out[no].hi = out[no].lo + (uintptr_t)lse_bytes, ++no;
+        }
+    } else {
+        in[ni++] = fa_i_span_of("o", p->o, &p->o_layout, b, nq, hq, d, p->dtype);
+        in[ni++] = fa_i_span_of("dout", p->dout, &p->dout_layout, b, nq, hq, d, p->dtype);
+        in[ni].name = "lse", in[ni].lo = (uintptr_t)p->lse;
+        in[ni].hi = in[ni].lo + (uintptr_t)lse_bytes, ++ni;
+        out[no++] = fa_i_span_of("dq", p->dq, &p->dq_layout, b, nq, hq, d, p->dtype);
+        out[no++] = fa_i_span_of("dk", p->dk, &p->dk_layout, b, nk, hk, d, p->dtype);
+        out[no++] = fa_i_span_of("dv", p->dv, &p->dv_layout, b, nk, hk, d, p->dtype);
+    }
+    for (i = 0; i < no; ++i) {
+        for (j = 0; j < ni; ++j)
+            if (out[i].lo < in[j].hi && in[j].lo < out[i].hi)
+                return fa_i_fail(FA_ERR_INVALID_LAYOUT, "%s overlaps %s", out[i].name, in[j].name);
+        for (j = 0; j < i; ++j)
+            if (out[i].lo < out[j].hi && out[j].lo < out[i].hi)
+                return fa_i_fail(FA_ERR_INVALID_LAYOUT, "%s overlaps %s", out[i].name, out[j].name);
     }
     return FA_OK;
 }
@@ -716,6 +779,10 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
                          r.batch, r.heads_q, r.heads_kv, r.seqlen_q, r.seqlen_k, r.head_dim);
     if (r.head_dim > FA_MAX_HEAD_DIM)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d > %d", r.head_dim, FA_MAX_HEAD_DIM);
+    if (r.seqlen_q > FA_MAX_SEQLEN || r.seqlen_k > FA_MAX_SEQLEN)
+        return fa_i_fail(FA_ERR_INVALID_SIZE, "%s %d > FA_MAX_SEQLEN (%d)",
+                         r.seqlen_q > FA_MAX_SEQLEN ? "seqlen_q" : "seqlen_k",
+                         r.seqlen_q > FA_MAX_SEQLEN ? r.seqlen_q : r.seqlen_k, FA_MAX_SEQLEN);
     if (r.heads_kv == 0) r.heads_kv = r.heads_q;
     if (r.heads_q % r.heads_kv != 0)
         return fa_i_fail(FA_ERR_INVALID_HEADS, "heads_q %d %% heads_kv %d != 0", r.heads_q,
@@ -746,6 +813,7 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
         FA_I_CHECK(dv_layout, seqlen_k, heads_kv)
     }
 #undef FA_I_CHECK
+    if ((s = fa_i_check_aliasing(&r, pass)) != FA_OK) return s;
     if (resolved) *resolved = r;
     return FA_OK;
 }
@@ -1892,6 +1960,7 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     fa_cpu_options o;
     fa_i_job job;
     fa_status s;
+    int dkv_tasks = 0;
     const int64_t bh = params ? (int64_t)params->batch * params->heads_q : 0;
     if ((s = fa_params_resolve(params, FA_PASS_BACKWARD, &p)) != FA_OK) return s;
     if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
@@ -1901,14 +1970,16 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     job.shared = (float *)FA_MALLOC(sizeof(float) * (size_t)bh * p.seqlen_q);
     if (!job.shared) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "D of %lld floats", (long long)bh);
     job.run = fa_i_backward_dq_task;
-    s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &job.num_tasks);
+    /* both passes' task counts before either runs: a refusal writes nothing */
+    s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BN),
+                        &dkv_tasks);
+    if (s == FA_OK) s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &job.num_tasks);
     if (s == FA_OK) s = fa_i_run_job(&job, &o);
     if (s == FA_OK) {
         job.run = fa_i_backward_dkv_task;
         job.next_task = 0;
-        s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BN),
-                            &job.num_tasks);
-        if (s == FA_OK) s = fa_i_run_job(&job, &o);
+        job.num_tasks = dkv_tasks;
+        s = fa_i_run_job(&job, &o);
     }
     FA_FREE(job.shared);
     return s;
@@ -1990,6 +2061,9 @@ FA_API fa_status fa_quantize_resolve(const fa_quantize_params *p, fa_quantize_pa
                          r.batch, r.heads, r.seqlen, r.head_dim);
     if (r.head_dim > FA_MAX_HEAD_DIM)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d > %d", r.head_dim, FA_MAX_HEAD_DIM);
+    if (r.seqlen > FA_MAX_SEQLEN)
+        return fa_i_fail(FA_ERR_INVALID_SIZE, "seqlen %d > FA_MAX_SEQLEN (%d)", r.seqlen,
+                         FA_MAX_SEQLEN);
     if (r.dtype != FA_DTYPE_F32 && r.dtype != FA_DTYPE_F16 && r.dtype != FA_DTYPE_BF16)
         return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "dtype %d: quantize takes f32, f16 or bf16",
                          (int)r.dtype);

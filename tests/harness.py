@@ -42,6 +42,9 @@ def run(pattern=None):
         extra = f" {detail}" if detail else ""
         print(f"PASS {name} ({time.time() - start:.2f}s){extra}", flush=True)
     print(f"{passed} passed, {failed} failed, {skipped} skipped", flush=True)
+    if passed + failed + skipped == 0:
+        print(f"no test name starts with {pattern!r}", flush=True)
+        return False
     return failed == 0
 
 

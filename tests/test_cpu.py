@@ -623,6 +623,119 @@ for name, mutate, expected, backward in BAD_INPUTS:
     case(f"bad_input_{name}", _bad, mutate, expected, backward)
 
 
+def _alias(out, inp, layout_of=None):
+    """p.out points at p.inp's storage (with its layout)."""
+    def mutate(p):
+        setattr(p, out, getattr(p, inp))
+        setattr(p, out + "_layout", getattr(p, inp + "_layout"))
+    return mutate
+
+
+def _shift(out, inp, elements):
+    """p.out starts `elements` into p.inp's storage (a partial overlap)."""
+    def mutate(p):
+        setattr(p, out, getattr(p, inp) + elements * 4)
+    return mutate
+
+
+# Sizes past the limits (issue 52's reproducers): refused at validation, so
+# the small buffers behind them are never read. And aliasing: an output
+# over an input (or another output) would be read after it was written.
+LIMIT_INPUTS = [
+    ("seqlen_k_past_max", _set(seqlen_k=2**31 - 63), "FA_ERR_INVALID_SIZE", False),
+    ("seqlen_q_past_max", _set(seqlen_q=2**31 - 64), "FA_ERR_INVALID_SIZE", False),
+    ("seqlen_k_one_past_max", _set(seqlen_k=0x7FFF0000 + 1), "FA_ERR_INVALID_SIZE", False),
+    ("backward_seqlen_k_past_max", _set(heads_q=65, heads_kv=65, seqlen_q=1, seqlen_k=2**31 - 65,
+                                        head_dim=1), "FA_ERR_INVALID_SIZE", True),
+    ("default_strides_past_int64", _set(batch=2, heads_q=2**31 - 1, heads_kv=2**31 - 1,
+                                        seqlen_q=2**30, seqlen_k=2**30, head_dim=256,
+                                        q_layout=(0, 0, 0), k_layout=(0, 0, 0),
+                                        v_layout=(0, 0, 0), o_layout=(0, 0, 0)),
+     "FA_ERR_INVALID_SIZE", False),
+    ("alias_o_k", _alias("o", "k"), "FA_ERR_INVALID_LAYOUT", False),
+    ("alias_o_v", _alias("o", "v"), "FA_ERR_INVALID_LAYOUT", False),
+    ("alias_o_q", _alias("o", "q"), "FA_ERR_INVALID_LAYOUT", False),
+    ("alias_o_inside_k", _shift("o", "k", 100), "FA_ERR_INVALID_LAYOUT", False),
+    ("alias_dq_q", _alias("dq", "q"), "FA_ERR_INVALID_LAYOUT", True),
+    ("alias_dq_dout", _alias("dq", "dout"), "FA_ERR_INVALID_LAYOUT", True),
+    ("alias_dk_dv", _alias("dk", "dv"), "FA_ERR_INVALID_LAYOUT", True),
+]
+for name, mutate, expected, backward in LIMIT_INPUTS:
+    case(f"bad_input_{name}", _bad, mutate, expected, backward)
+
+
+def _reserve(nbytes):
+    """nbytes of address space, never backed unless touched (MAP_NORESERVE)."""
+    import mmap
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)
+    return m, ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+@test
+def backward_refuses_key_tiles_past_2_31_before_writing_dq():
+    """2^21 kv heads of 2^16 keys: 2^31 dK/dV tiles, one past the task limit;
+    K, V, dK, dV reserved as 256 GB each, never touched. The refusal comes
+    before the dQ pass writes anything."""
+    hk, nk = 2**21, 2**16
+    prob = fa.Problem(rng_for("tiles"), heads_q=1, seqlen_q=1, seqlen_k=1, head_dim=1, dtype="f16")
+    small = {n: np.full((1, 1, hk, 1), 7.0, np.float16) for n in ("q", "o", "dout", "dq")}
+    try:
+        maps = {n: _reserve(2 * hk * nk) for n in ("k", "v", "dk", "dv")}
+    except (OSError, ValueError, OverflowError) as why:
+        raise Skip(f"cannot reserve 1 TB of address space here: {why}")
+    lse = np.zeros((1, hk, 1), np.float32)
+    p = prob.params({})
+    p.heads_q = p.heads_kv = hk
+    p.seqlen_k = nk
+    for n, a in small.items():
+        setattr(p, n, a.ctypes.data)
+    for n, (_, addr) in maps.items():
+        setattr(p, n, addr)
+    p.lse = lse.ctypes.data
+    for layout in ("q_layout", "k_layout", "v_layout", "o_layout", "dout_layout", "dq_layout",
+                   "dk_layout", "dv_layout"):
+        setattr(p, layout, fa.Layout(0, 0, 0))
+    status = fa.call_backward("fa2", p)
+    assert status == fa.STATUS["FA_ERR_INVALID_SIZE"], fa.status_name(status)
+    assert np.all(small["dq"] == 7.0), "dq was written"
+    return fa.CPU.fa_last_error_detail().decode()
+
+
+def _fuzz(seconds, flags):
+    """Builds tests/fuzz.c with flags and runs it for `seconds` of CPU time
+    with a seed from this run's."""
+    import shutil
+    import tempfile
+    if not shutil.which("gcc"):
+        raise Skip("gcc not found")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "fuzz")
+        build = subprocess.run(["gcc", "-std=c99", "-march=native"] + flags +
+                               ["-o", exe, os.path.join(here, "fuzz.c"), "-lm", "-pthread"],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            if "-fsanitize=address,undefined" in flags:
+                raise Skip("this gcc cannot build with the sanitizers: " + build.stderr[-200:])
+            raise AssertionError(build.stderr)
+        seed = int(rng_for("fuzz" + " ".join(flags)).integers(2**31))
+        run = subprocess.run([exe, str(seconds), str(seed)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-1500:] + run.stderr[-1500:]
+    return run.stdout.strip().replace("\n", "; ")
+
+
+case("fuzz_cpu_against_reference", _fuzz, 20, ["-O3", "-ffp-contract=fast"])
+case("fuzz_cpu_asan_ubsan", _fuzz, 20, ["-O1", "-g", "-fsanitize=address,undefined",
+                                         "-fno-sanitize-recover=all"])
+
+
+@test
+def runner_fails_when_no_test_matches():
+    run = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "run_tests.py"),
+                          "no_test_is_called_this"], capture_output=True, text=True)
+    assert run.returncode != 0 and "no test name starts with" in run.stdout, run.stdout[-300:]
+
+
 @test
 def bad_input_null_params_and_options():
     assert fa.CPU.fa_cpu_forward(None, None) == fa.STATUS["FA_ERR_NULL_POINTER"]

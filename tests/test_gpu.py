@@ -410,6 +410,10 @@ case("gpu_bad_misaligned_rows", _gpu_status, _field(q_layout=(20 * 4 * 72, 68, 4
 case("gpu_bad_null_k", _gpu_status, _field(k=None), "FA_ERR_NULL_POINTER")
 case("gpu_bad_heads", _gpu_status, _field(heads_kv=3), "FA_ERR_INVALID_HEADS", True)
 case("gpu_bad_overlap", _gpu_status, _field(dv_layout=(0, 8, 8)), "FA_ERR_INVALID_LAYOUT", True)
+case("gpu_bad_seqlen_q_past_max", _gpu_status, _field(seqlen_q=2**31 - 1), "FA_ERR_INVALID_SIZE")
+case("gpu_bad_alias_o_k", _gpu_status, lambda p, t: setattr(p, "o", p.k), "FA_ERR_INVALID_LAYOUT")
+case("gpu_bad_alias_dq_dout", _gpu_status, lambda p, t: setattr(p, "dq", p.dout),
+     "FA_ERR_INVALID_LAYOUT", True)
 
 
 @test

@@ -623,7 +623,7 @@ for name, mutate, expected, backward in BAD_INPUTS:
     case(f"bad_input_{name}", _bad, mutate, expected, backward)
 
 
-def _alias(out, inp, layout_of=None):
+def _alias(out, inp):
     """p.out points at p.inp's storage (with its layout)."""
     def mutate(p):
         setattr(p, out, getattr(p, inp))

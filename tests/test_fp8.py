@@ -329,6 +329,8 @@ for d in (64, 128, 256):
 def _bad_fp8(mutate, expected, backends=("fa2", "ref", "gpu")):
     """A valid FP8 problem with one thing wrong: the status is `expected`, o
     and lse untouched."""
+    if backends == ("gpu",):
+        need_gpu()
     prob = Fp8Problem(rng_for("fp8bad"), seqlen_q=20, seqlen_k=30, head_dim=64)
     o = fa.Tensor((1, 20, 2, 64), "bf16", "bshd", np.full((1, 20, 2, 64), 7.0))
     lse = np.full((1, 2, 20), 7.0, np.float32)
@@ -376,6 +378,8 @@ case("gpu_fp8_bad_input_head_dim_96", _bad_fp8, _setp(head_dim=96, q_layout=fa.L
 
 
 def _bad_quantize(mutate, expected, backends=("cpu", "gpu")):
+    if backends == ("gpu",):
+        need_gpu()
     rng = rng_for("qbad")
     x = fa.Tensor((1, 40, 2, 64), "bf16", "bshd", rng.standard_normal((1, 40, 2, 64)))
     out = fa.Tensor((1, 40, 2, 64), "fp8", "bshd")

@@ -193,6 +193,46 @@ def thread_pool_gives_the_same_bits():
         assert all(np.array_equal(a, b) for a, b in zip(g, grads[i][1:]))
 
 
+@test
+def concurrent_calls_keep_their_own_results_and_error_detail():
+    """Six host threads at once, each with its own problem (and its own
+    threads inside): three run valid forwards and backwards, three bad
+    inputs; each valid result equals a serial run's bits, each bad call's
+    status and detail (thread-local) are its own."""
+    import threading
+    probs = [fa.Problem(rng_for(f"conc{i}"), heads_q=2, seqlen_q=60 + 7 * i, seqlen_k=90,
+                        head_dim=32 + 16 * i, causal=bool(i % 2), dtype="f16") for i in range(3)]
+    serial = [prob.forward("fa2", threads=2) for prob in probs]
+    grads = [prob.backward(r[1], r[2], "fa2", threads=2) for prob, r in zip(probs, serial)]
+    errors = []
+
+    def good(i):
+        for _ in range(8):
+            f = probs[i].forward("fa2", threads=2)
+            g = probs[i].backward(serial[i][1], serial[i][2], "fa2", threads=2)
+            if not (f[0] == g[0] == fa.FA_OK and np.array_equal(f[1], serial[i][1]) and
+                    all(np.array_equal(a, b) for a, b in zip(g[1:], grads[i][1:]))):
+                errors.append(f"thread {i}: results differ from the serial run")
+
+    def bad(i):
+        p = fa.Problem(rng_for("concbad"), seqlen_q=8, seqlen_k=8, head_dim=16).params({})
+        p.seqlen_q = -(i + 1)
+        for _ in range(200):
+            status = fa.CPU.fa_cpu_forward(ctypes.byref(p), None)
+            detail = fa.CPU.fa_last_error_detail().decode()
+            if status != fa.STATUS["FA_ERR_INVALID_SIZE"] or f"seqlen_q {-(i + 1)}," not in detail:
+                errors.append(f"thread {i}: {fa.status_name(status)} '{detail}'")
+                return
+
+    workers = [threading.Thread(target=good, args=(i,)) for i in range(3)] + \
+              [threading.Thread(target=bad, args=(i,)) for i in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors[:3]
+
+
 def with_cpu_library(name, fn):
     """Runs fn() with fa.CPU replaced by another build of the CPU library."""
     lib = getattr(fa, name)

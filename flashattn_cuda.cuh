@@ -3970,9 +3970,9 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_IS_FP8_e4m3
 #endif /* FA_I_PASS_DTYPE */
 
-/* Per head dim: shared memory and checks of its tiles, its kernels in both
-   dtypes, and their table fa_i_kernels_<d> ([0] f16, [1] bf16; zeros where
-   the build leaves them out). */
+/* Per head dim: shared memory and checks of its tiles, its kernels in each
+   dtype, and their table fa_i_kernels_<d> ([0] f16, [1] bf16, [2] e4m3: the
+   FP8 forward alone; zeros where the build leaves them out). */
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_HEAD_DIM
 #define FA_I_NO_KERNEL {0, 0, 0, 0, 0}
 #define FA_I_NO_KERNELS                                                                      \

@@ -240,6 +240,10 @@ def write(out, acc, spd, qnt):
     for r in spd:
         lines.append(f"| {r['d']} | {r['n']} | {int(r['causal'])} | {r['bf16']:.0f} | {r['fp8']:.0f} | "
                      f"{r['fp8'] / r['bf16']:.2f} | {r['err_vs_bf16']:.3f} |")
+    lines += ["", "Peers: cuDNN's FP8 attention was not run side by side (its frontend wheel is "
+              "staged through ../shared/peers, which this run lacked); cuDNN 9.27's published "
+              "H200 FP8 forward (GQA 64/8, d = 128): 1039 TFLOP/s at 8k, 976 at 16k. "
+              "FlashAttention-3's paper (H100): d = 128 ~1008, d = 256 ~1171 at 16k."]
     lines += ["", "## Quantize kernel (GB/s: bf16 read, e4m3 and descales written)\n",
               "| shape B x N x H x d | copy | quantize | with Hadamard | Hadamard / copy |",
               "|---|---|---|---|---|"]

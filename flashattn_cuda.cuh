@@ -1647,7 +1647,12 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
    Accumulator layout: a thread holds rows r and r + 8 (r = 16 warp +
    lane / 4) of S and O; element i of a row-pair array is column 8 (i / 4) +
    2 (lane % 4) + i % 2 of row r + 8 ((i / 2) % 2). Shared tiles are
-   [d / 64][rows][64] with the 128-byte swizzle. */
+   [d / 64][rows][64] with the 128-byte swizzle.
+   FP8 (FA_I_FP8, dtype e4m3, FA_FA3_FP8_TILE_<d>): the same kernel with k32
+   wgmma over rows of min(d, 128) bytes, form 0's softmax with P shifted into
+   [0, 256] and packed to e4m3, V landing in a ring of its own (svr) that
+   warps 1-3 of the producer warpgroup transpose into sv as V^T
+   (fa_i_fa3_transpose_v), and the descales applied per tile. */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_SM90
 /* Which key bounds a key tile's softmax must apply. */
 enum { FA_I_MASK_HI = 1, FA_I_MASK_LO = 2 };

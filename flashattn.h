@@ -32,6 +32,8 @@
      num_splits: keys in chunks merged by LSE (0: the library's choice).
      fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
      key ranges by their LSE (fa_combine_params).
+     Varlen (CPU): cu_seqlens_q/k give a ragged batch in packed tensors
+     (the fields' comment in fa_params).
      FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
      their descales (fa_fp8_scaling), o is written in o_dtype;
      fa_*_quantize_fp8 makes such inputs (fa_quantize_params).
@@ -181,6 +183,18 @@ typedef struct fa_params {
     const float *q_descale;
     const float *k_descale;
     const float *v_descale;
+
+    /* Ragged batches (varlen; CPU path): with cu_seqlens_q and cu_seqlens_k
+       set (B + 1 int32 offsets each, host memory, non-decreasing), q, o, dout
+       and dq are packed [total_q, Hq, d] and k, v, dk, dv [total_k, Hkv, d]:
+       sequence b owns rows cu[b] .. cu[b + 1] - 1 (layouts' batch strides are
+       not used); seqlen_q and seqlen_k bound every sequence's length; masks
+       align bottom-right per sequence; lse is [Hq, total_q]. seqused_k
+       (optional): the keys sequence b attends, at most its span (a cache
+       longer than its content). Empty sequences are allowed. */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    const int32_t *seqused_k;
 } fa_params;
 
 /* Quantization to e4m3 for the FP8 forward (fa_cpu_quantize_fp8,
@@ -799,8 +813,16 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
         return fa_i_fail(FA_ERR_NULL_POINTER, "q, k, v and o are required");
     if (pass == FA_PASS_BACKWARD && (!r.lse || !r.dout || !r.dq || !r.dk || !r.dv))
         return fa_i_fail(FA_ERR_NULL_POINTER, "backward needs lse, dout, dq, dk and dv");
+    if (!r.cu_seqlens_q != !r.cu_seqlens_k || (r.seqused_k && !r.cu_seqlens_k))
+        return fa_i_fail(FA_ERR_NULL_POINTER,
+                         "varlen needs both cu_seqlens_q and cu_seqlens_k (seqused_k with them)");
+    if (r.cu_seqlens_q && r.dtype == FA_DTYPE_FP8_E4M3)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "varlen takes no fp8 inputs");
+    /* varlen: strides checked here for one sequence, and for the packed
+       totals where the offsets are read (fa_i_varlen_check) */
 #define FA_I_CHECK(field, seq, heads)                                                        \
-    if ((s = fa_i_check_layout(&r.field, #field, r.batch, r.seq, r.heads, r.head_dim)) != FA_OK) \
+    if ((s = fa_i_check_layout(&r.field, #field, r.cu_seqlens_q ? 1 : r.batch, r.seq, r.heads, \
+                               r.head_dim)) != FA_OK)                                        \
         return s;
     FA_I_CHECK(q_layout, seqlen_q, heads_q)
     FA_I_CHECK(k_layout, seqlen_k, heads_kv)
@@ -813,7 +835,7 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
         FA_I_CHECK(dv_layout, seqlen_k, heads_kv)
     }
 #undef FA_I_CHECK
-    if ((s = fa_i_check_aliasing(&r, pass)) != FA_OK) return s;
+    if (!r.cu_seqlens_q && (s = fa_i_check_aliasing(&r, pass)) != FA_OK) return s;
     if (resolved) *resolved = r;
     return FA_OK;
 }
@@ -1917,6 +1939,133 @@ static fa_status fa_i_forward_split(fa_i_job *job, const fa_cpu_options *o)
     return s;
 }
 
+/* ---- varlen: ragged batches as one dense problem per sequence ------------- */
+
+/* Validates a resolved varlen p's offsets (host arrays) and its packed
+   tensors' strides and aliasing for the totals; *total_q, *total_k out. */
+static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_q, int *total_k)
+{
+    fa_params whole = *p;
+    fa_status s;
+    int b;
+    for (b = 0; b < p->batch; ++b) {
+        const int64_t nq = (int64_t)p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b];
+        const int64_t nk = (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
+        if (p->cu_seqlens_q[b] < 0 || p->cu_seqlens_k[b] < 0 || nq < 0 || nk < 0)
+            return fa_i_fail(FA_ERR_INVALID_SIZE, "cu_seqlens decrease (or start below 0) at %d", b);
+        if (nq > p->seqlen_q || nk > p->seqlen_k)
+            return fa_i_fail(FA_ERR_INVALID_SIZE,
+                             "sequence %d: %lld queries, %lld keys past seqlen_q %d, seqlen_k %d",
+                             b, (long long)nq, (long long)nk, p->seqlen_q, p->seqlen_k);
+        if (p->seqused_k && (p->seqused_k[b] < 0 || p->seqused_k[b] > nk))
+            return fa_i_fail(FA_ERR_INVALID_SIZE, "seqused_k[%d] = %d is not in 0 .. %lld", b,
+                             p->seqused_k[b], (long long)nk);
+    }
+    *total_q = p->cu_seqlens_q[p->batch];
+    *total_k = p->cu_seqlens_k[p->batch];
+    /* the packed tensors as one sequence of the totals' rows (at least 1) */
+    whole.batch = 1;
+    whole.seqlen_q = *total_q > 0 ? *total_q : 1;
+    whole.seqlen_k = *total_k > 0 ? *total_k : 1;
+#define FA_I_CHECK(field, seq, heads)                                                        \
+    if ((s = fa_i_check_layout(&whole.field, #field, 1, whole.seq, whole.heads,             \
+                               whole.head_dim)) != FA_OK)                                    \
+        return s;
+    FA_I_CHECK(q_layout, seqlen_q, heads_q)
+    FA_I_CHECK(k_layout, seqlen_k, heads_kv)
+    FA_I_CHECK(v_layout, seqlen_k, heads_kv)
+    FA_I_CHECK(o_layout, seqlen_q, heads_q)
+    if (pass == FA_PASS_BACKWARD) {
+        FA_I_CHECK(dout_layout, seqlen_q, heads_q)
+        FA_I_CHECK(dq_layout, seqlen_q, heads_q)
+        FA_I_CHECK(dk_layout, seqlen_k, heads_kv)
+        FA_I_CHECK(dv_layout, seqlen_k, heads_kv)
+    }
+#undef FA_I_CHECK
+    return fa_i_check_aliasing(&whole, pass);
+}
+
+/* Rows [r0, r1) of every head of a packed tensor set to zero. */
+static void fa_i_zero_rows(void *base, const fa_layout *l, fa_dtype dtype, int heads, int d,
+                           int r0, int r1)
+{
+    static const float zeros[FA_MAX_HEAD_DIM] = {0.0f};
+    int h, r;
+    for (h = 0; h < heads; ++h)
+        for (r = r0; r < r1; ++r) fa_i_store_row(base, fa_i_offset(l, 0, h, r), zeros, d, dtype, 1.0f);
+}
+
+/* Sequence b of a varlen p as a dense problem of batch 1 (its queries nq and
+   the keys it uses nk out; the caller skips it where either is 0). */
+static fa_params fa_i_varlen_sequence(const fa_params *p, int b, int *nq, int *nk)
+{
+    fa_params s = *p;
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype), qr = p->cu_seqlens_q[b];
+    const int64_t kr = p->cu_seqlens_k[b];
+    *nq = p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b];
+    *nk = p->seqused_k ? p->seqused_k[b] : p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
+    s.batch = 1;
+    s.seqlen_q = *nq;
+    s.seqlen_k = *nk;
+    s.cu_seqlens_q = s.cu_seqlens_k = s.seqused_k = NULL;
+    s.q = (const char *)p->q + qr * p->q_layout.seq * es;
+    s.k = (const char *)p->k + kr * p->k_layout.seq * es;
+    s.v = (const char *)p->v + kr * p->v_layout.seq * es;
+    s.o = (char *)p->o + qr * p->o_layout.seq * (int64_t)fa_dtype_size(p->o_dtype);
+    if (p->dout) s.dout = (const char *)p->dout + qr * p->dout_layout.seq * es;
+    if (p->dq) s.dq = (char *)p->dq + qr * p->dq_layout.seq * es;
+    if (p->dk) s.dk = (char *)p->dk + kr * p->dk_layout.seq * es;
+    if (p->dv) s.dv = (char *)p->dv + kr * p->dv_layout.seq * es;
+    return s;
+}
+
+/* The varlen forward or backward: each sequence in turn as a dense problem
+   (every thread on it), its LSE rows moved between p's [Hq, total_q] and the
+   dense call's [Hq, nq] in scratch. Rows that see no key: O = 0, LSE = -inf,
+   dQ = 0; keys no row sees (no queries, or past seqused_k): dK = dV = 0. */
+static fa_status fa_i_run_varlen(const fa_params *p, fa_pass pass, const fa_cpu_options *opt)
+{
+    const int hq = p->heads_q, d = p->head_dim;
+    int total_q = 0, total_k = 0, b, h, r;
+    float *lse = NULL;
+    fa_status s = fa_i_varlen_check(p, pass, &total_q, &total_k);
+    if (s != FA_OK) return s;
+    if (p->lse && !(lse = (float *)FA_MALLOC(sizeof(float) * (size_t)hq * p->seqlen_q)))
+        return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "varlen LSE rows of %d heads", hq);
+    for (b = 0; b < p->batch && s == FA_OK; ++b) {
+        int nq, nk;
+        fa_params seq = fa_i_varlen_sequence(p, b, &nq, &nk);
+        const int q0 = p->cu_seqlens_q[b], span_k = p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
+        seq.lse = lse;
+        if (pass == FA_PASS_BACKWARD) {
+            if (nq == 0 || nk == 0) {
+                fa_i_zero_rows(seq.dq, &p->dq_layout, p->dtype, hq, d, 0, nq);
+                fa_i_zero_rows(seq.dk, &p->dk_layout, p->dtype, p->heads_kv, d, 0, span_k);
+                fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, d, 0, span_k);
+                continue;
+            }
+            for (h = 0; h < hq; ++h)
+                for (r = 0; r < nq; ++r) lse[h * nq + r] = p->lse[(int64_t)h * total_q + q0 + r];
+            s = fa_cpu_backward(&seq, opt);
+            fa_i_zero_rows(seq.dk, &p->dk_layout, p->dtype, p->heads_kv, d, nk, span_k);
+            fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, d, nk, span_k);
+            continue;
+        }
+        if (nq == 0) continue;
+        if (nk == 0) {
+            fa_i_zero_rows(seq.o, &p->o_layout, p->o_dtype, hq, d, 0, nq);
+        } else {
+            if ((s = fa_cpu_forward(&seq, opt)) != FA_OK) break;
+        }
+        if (p->lse)
+            for (h = 0; h < hq; ++h)
+                for (r = 0; r < nq; ++r)
+                    p->lse[(int64_t)h * total_q + q0 + r] = nk ? lse[h * nq + r] : -INFINITY;
+    }
+    FA_FREE(lse);
+    return s;
+}
+
 FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *opt)
 {
     fa_params p;
@@ -1926,6 +2075,7 @@ FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *o
     int64_t bh, query_tasks;
     if ((s = fa_params_resolve(params, FA_PASS_FORWARD, &p)) != FA_OK) return s;
     if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
+    if (p.cu_seqlens_q) return fa_i_run_varlen(&p, FA_PASS_FORWARD, &o);
     memset(&job, 0, sizeof job);
     job.p = &p;
     job.splits = 1;
@@ -1964,6 +2114,7 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     const int64_t bh = params ? (int64_t)params->batch * params->heads_q : 0;
     if ((s = fa_params_resolve(params, FA_PASS_BACKWARD, &p)) != FA_OK) return s;
     if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
+    if (p.cu_seqlens_q) return fa_i_run_varlen(&p, FA_PASS_BACKWARD, &o);
     memset(&job, 0, sizeof job);
     job.p = &p;
     job.scratch_floats = fa_i_backward_scratch(&p);
@@ -2137,7 +2288,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 REVISION HISTORY
    0.4.0  FP8 (e4m3) forward: block, head or tensor descales, o in bf16 or
           f16; fa_cpu/fa_cuda_quantize_fp8 with the Hadamard rotation; the
-          CPU forward and the reference take fp8 inputs
+          CPU forward and the reference take fp8 inputs. Ragged batches
+          (cu_seqlens, seqused_k) on the CPU. FA_MAX_SEQLEN; outputs that
+          overlap inputs are refused
    0.3.0  CPU: AVX2 + FMA microkernels, vector exp and 16-bit loads, 192 x 64
           tiles, caller-owned thread pools (fa_cpu_pool_create)
    0.2.0  split-KV and fa_*_combine; the GPU decode path (seqlen_q <= 16);

@@ -50,7 +50,8 @@ class Params(ctypes.Structure):
         ("dv_layout", Layout), ("num_splits", ctypes.c_int),
         ("o_dtype", ctypes.c_int), ("fp8_scaling", ctypes.c_int),
         ("q_descale", ctypes.c_void_p), ("k_descale", ctypes.c_void_p),
-        ("v_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p), ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
     ]
 
 

@@ -14,7 +14,8 @@
     X(causal) X(window) X(window_left) X(window_right) X(softcap) X(q) X(k) X(v) X(o)     \
     X(lse) X(q_layout) X(k_layout) X(v_layout) X(o_layout) X(dout) X(dq) X(dk) X(dv)      \
     X(dout_layout) X(dq_layout) X(dk_layout) X(dv_layout) X(num_splits) X(o_dtype)      \
-    X(fp8_scaling) X(q_descale) X(k_descale) X(v_descale)
+    X(fp8_scaling) X(q_descale) X(k_descale) X(v_descale) X(cu_seqlens_q) X(cu_seqlens_k)  \
+    X(seqused_k)
 #define FA_TEST_COMBINE_FIELDS(X)                                                       \
     X(num_parts) X(batch) X(heads) X(seqlen) X(head_dim) X(part_dtype) X(o_parts)       \
     X(lse_parts) X(part_layout) X(dtype) X(o) X(o_layout) X(lse)

@@ -1,0 +1,195 @@
+"""Ragged batches (varlen: cu_seqlens_q / cu_seqlens_k, seqused_k) on the CPU
+path, forward and backward, against the float64 reference run sequence by
+sequence; empty sequences, GQA, masks aligned per sequence, padded rows, the
+[Hq, total_q] LSE layout; bad offsets; the GPU and the reference refuse."""
+import ctypes
+
+import numpy as np
+
+import fa
+import reference
+from harness import case, Skip
+from test_cpu import FLOOR, check, check_lse, rng_for
+
+
+class VarlenProblem:
+    def __init__(self, rng, lengths_q, lengths_k, used_k=None, heads_q=4, heads_kv=2,
+                 head_dim=64, dtype="f32", causal=False, window=None, softcap=0.0, pad=0):
+        self.lq, self.lk, self.used = list(lengths_q), list(lengths_k), used_k
+        self.b, self.hq, self.hkv, self.d, self.dtype = len(lengths_q), heads_q, heads_kv, head_dim, dtype
+        self.causal, self.window, self.softcap, self.pad = causal, window, softcap, pad
+        self.scale = 1.0 / np.sqrt(head_dim)
+        self.cu_q = np.concatenate([[0], np.cumsum(self.lq)]).astype(np.int32)
+        self.cu_k = np.concatenate([[0], np.cumsum(self.lk)]).astype(np.int32)
+        self.tq, self.tk = int(self.cu_q[-1]), int(self.cu_k[-1])
+        self.q = fa.quantize(rng.standard_normal((self.tq, heads_q, head_dim)), dtype)
+        self.k = fa.quantize(rng.standard_normal((self.tk, heads_kv, head_dim)), dtype)
+        self.v = fa.quantize(rng.standard_normal((self.tk, heads_kv, head_dim)), dtype)
+        self.dout = fa.quantize(rng.standard_normal((self.tq, heads_q, head_dim)), dtype)
+        self.used_arr = None if used_k is None else np.array(used_k, np.int32)
+
+    def keys(self, b):
+        return self.used[b] if self.used is not None else self.lk[b]
+
+    def tensor(self, rows, heads, values=None):
+        """A packed [rows, heads, d] tensor (rows padded by `pad` poisoned elements)."""
+        t = fa.Tensor((1, max(rows, 1), heads, self.d), self.dtype, "padded" if self.pad else "bshd")
+        if values is not None and rows:
+            t.view[0] = fa.to_storage(values, self.dtype)
+        return t
+
+    def params(self, t, lse):
+        p = fa.Params()
+        p.dtype = fa.DTYPES[self.dtype]
+        p.batch, p.heads_q, p.heads_kv, p.head_dim = self.b, self.hq, self.hkv, self.d
+        p.seqlen_q, p.seqlen_k = max(max(self.lq), 1), max(max(self.lk), 1)
+        p.causal, p.softcap = int(self.causal), self.softcap
+        if self.window is not None:
+            p.window, (p.window_left, p.window_right) = 1, self.window
+        for name, x in t.items():
+            setattr(p, name, x.ptr)
+            setattr(p, name + "_layout", x.layout)
+        p.lse = lse.ctypes.data
+        p.cu_seqlens_q, p.cu_seqlens_k = self.cu_q.ctypes.data, self.cu_k.ctypes.data
+        if self.used_arr is not None:
+            p.seqused_k = self.used_arr.ctypes.data
+        return p
+
+    def forward(self, backend="fa2"):
+        t = {"q": self.tensor(self.tq, self.hq, self.q), "k": self.tensor(self.tk, self.hkv, self.k),
+             "v": self.tensor(self.tk, self.hkv, self.v), "o": self.tensor(self.tq, self.hq)}
+        lse = np.full((self.hq, max(self.tq, 1)), np.nan, np.float32)
+        status = fa.call_forward(backend, self.params(t, lse))
+        return status, t["o"].values()[0][:self.tq], lse[:, :self.tq].astype(np.float64)
+
+    def backward(self, o, lse, backend="fa2"):
+        t = {"q": self.tensor(self.tq, self.hq, self.q), "k": self.tensor(self.tk, self.hkv, self.k),
+             "v": self.tensor(self.tk, self.hkv, self.v), "o": self.tensor(self.tq, self.hq, o),
+             "dout": self.tensor(self.tq, self.hq, self.dout), "dq": self.tensor(self.tq, self.hq),
+             "dk": self.tensor(self.tk, self.hkv), "dv": self.tensor(self.tk, self.hkv)}
+        lse_in = np.zeros((self.hq, max(self.tq, 1)), np.float32)
+        lse_in[:, :self.tq] = lse
+        status = fa.call_backward(backend, self.params(t, lse_in))
+        return (status, t["dq"].values()[0][:self.tq], t["dk"].values()[0][:self.tk],
+                t["dv"].values()[0][:self.tk])
+
+    def reference(self, precision=np.float64, o=None, lse=None):
+        """Per sequence: O [tq, Hq, d], LSE [Hq, tq], and (dq, dk, dv) with
+        their magnitudes, from the sequence's own q rows and used keys."""
+        args = dict(scale=self.scale, causal=self.causal, window=self.window, softcap=self.softcap)
+        out_o = np.zeros((self.tq, self.hq, self.d))
+        out_lse = np.full((self.hq, self.tq), -np.inf)
+        grads = [np.zeros((self.tq, self.hq, self.d)), np.zeros((self.tk, self.hkv, self.d)),
+                 np.zeros((self.tk, self.hkv, self.d))]
+        mags = [np.zeros_like(g) for g in grads]
+        for b in range(self.b):
+            q0, q1, k0 = self.cu_q[b], self.cu_q[b + 1], self.cu_k[b]
+            nk = self.keys(b)
+            if q1 == q0 or nk == 0:
+                continue
+            qb, kb, vb = self.q[None, q0:q1], self.k[None, k0:k0 + nk], self.v[None, k0:k0 + nk]
+            ob, lb = reference.forward(qb, kb, vb, precision=precision, **args)
+            out_o[q0:q1], out_lse[:, q0:q1] = ob[0], lb[0]
+            if o is None:
+                g, m = reference.backward(qb, kb, vb, self.dout[None, q0:q1], magnitudes=True, **args)
+            else:
+                g = reference.backward(qb, kb, vb, self.dout[None, q0:q1], precision=precision,
+                                       o=o[None, q0:q1], lse=lse[None, :, q0:q1], **args)
+                m = g
+            for x, y, r0, n in zip(grads, g, (q0, k0, k0), (q1 - q0, nk, nk)):
+                x[r0:r0 + n] = y[0]
+            for x, y, r0, n in zip(mags, m, (q0, k0, k0), (q1 - q0, nk, nk)):
+                x[r0:r0 + n] = y[0]
+        return out_o, out_lse, grads, mags
+
+
+def varlen_case(backward=True, **cfg):
+    prob = VarlenProblem(rng_for("varlen" + str(cfg)), **cfg)
+    ref_o, ref_lse, grads, mags = prob.reference()
+    low_o, _, _, _ = prob.reference(np.float32)
+    status, o, lse = prob.forward()
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.CPU.fa_last_error_detail().decode()}"
+    err = check("varlen o", o, ref_o, low_o, prob.dtype)
+    check_lse(lse, ref_lse)
+    if not backward:
+        return f"err {err:.1e}"
+    status, *got = prob.backward(o, lse)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.CPU.fa_last_error_detail().decode()}"
+    low = prob.reference(np.float32, o=o, lse=lse)[2]
+    errs = []
+    for name, g, r, lp, mag in zip(("dq", "dk", "dv"), got, grads, low, mags):
+        scale = max(np.linalg.norm(mag), np.linalg.norm(r), 1e-30)
+        e = np.linalg.norm(g - r) / scale if not np.isnan(g).any() else np.inf
+        limit = 2.0 * np.linalg.norm(fa.quantize(lp, prob.dtype) - r) / scale + FLOOR
+        assert e <= limit, f"{name}: error {e:.3g} > bound {limit:.3g}"
+        errs.append(e)
+    return f"err {err:.1e}, grads {max(errs):.1e}"
+
+
+case("varlen_ragged", varlen_case, lengths_q=[5, 130, 1, 64], lengths_k=[9, 200, 1, 64])
+case("varlen_empty_sequences", varlen_case, lengths_q=[0, 17, 33, 0], lengths_k=[4, 0, 40, 0])
+case("varlen_causal_bottom_right", varlen_case, lengths_q=[20, 70, 3], lengths_k=[50, 70, 9],
+     causal=True, heads_q=6, heads_kv=3)
+case("varlen_causal_more_queries", varlen_case, lengths_q=[90, 8], lengths_k=[30, 8], causal=True)
+case("varlen_window_softcap_bf16", varlen_case, lengths_q=[77, 200], lengths_k=[150, 120],
+     window=(32, 4), softcap=10.0, dtype="bf16", head_dim=80)
+case("varlen_seqused_k", varlen_case, lengths_q=[10, 40, 7], lengths_k=[64, 100, 12],
+     used_k=[33, 100, 0], causal=True)
+case("varlen_padded_rows_f16_mqa", varlen_case, lengths_q=[31, 2, 65], lengths_k=[31, 90, 1],
+     heads_q=4, heads_kv=1, dtype="f16", pad=8)
+
+
+def _varlen_bad(mutate, expected, backends=("fa2", "ref", "gpu")):
+    prob = VarlenProblem(rng_for("varlen_bad"), [5, 7], [6, 8])
+    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
+         "v": prob.tensor(prob.tk, prob.hkv, prob.v),
+         "o": prob.tensor(prob.tq, prob.hq, np.full((prob.tq, prob.hq, prob.d), 7.0))}
+    lse = np.full((prob.hq, prob.tq), 7.0, np.float32)
+    p = prob.params(t, lse)
+    keep = mutate(p, prob)
+    before = t["o"].storage.copy()
+    ran = 0
+    for backend in backends:
+        if backend == "gpu" and fa.GPU is None:
+            continue
+        want = "FA_ERR_UNSUPPORTED" if backend in ("ref", "gpu") and expected == "ok" else expected
+        if want == "ok":
+            continue
+        status = fa.call_forward(backend, p)
+        assert status == fa.STATUS[want], f"{backend}: {fa.status_name(status)}, expected {want}"
+        assert np.array_equal(before, t["o"].storage) and np.all(lse == 7.0), f"{backend} wrote"
+        ran += 1
+    if not ran:
+        raise Skip("no backend here refuses this")
+    del keep
+    return fa.CPU.fa_last_error_detail().decode()
+
+
+def _cu(which, values):
+    def mutate(p, prob):
+        arr = np.array(values, np.int32)
+        setattr(p, which, arr.ctypes.data)
+        return arr
+    return mutate
+
+
+def _fields(**fields):
+    def mutate(p, prob):
+        for k, v in fields.items():
+            setattr(p, k, v)
+    return mutate
+
+
+for name, mutate, expected in (
+        ("decreasing", _cu("cu_seqlens_q", [0, 6, 5]), "FA_ERR_INVALID_SIZE"),
+        ("negative_start", _cu("cu_seqlens_k", [-1, 6, 14]), "FA_ERR_INVALID_SIZE"),
+        ("longer_than_seqlen", _fields(seqlen_q=6), "FA_ERR_INVALID_SIZE"),
+        ("seqused_past_span", _cu("seqused_k", [6, 9]), "FA_ERR_INVALID_SIZE"),
+        ("only_q_offsets", _fields(cu_seqlens_k=None), "FA_ERR_NULL_POINTER"),
+        ("fp8", lambda p, prob: [setattr(p, n, p.lse) for n in ("q_descale", "k_descale",
+                                                                  "v_descale", "dtype")] and
+         setattr(p, "dtype", 3), "FA_ERR_UNSUPPORTED"),
+        ("o_over_k", lambda p, prob: setattr(p, "o", p.k), "FA_ERR_INVALID_LAYOUT"),
+        ("valid_but_dense_only", _fields(), "ok")):
+    case(f"varlen_bad_{name}", _varlen_bad, mutate, expected,
+         ("fa2",) if expected != "ok" else ("ref", "gpu"))

@@ -26,7 +26,7 @@ GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflasha
 BENCH_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_nooverlap.so $(BUILD)/libflashattn_cuda_nopingpong.so)
 GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
-.PHONY: all bench-libs numpy test demo bench bench-decode bench-cpu sanitize clean
+.PHONY: all bench-libs numpy test demo bench bench-build bench-decode bench-cpu sanitize clean
 
 CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
             $(BUILD)/libflashattn_tiles_test.so $(BUILD)/libflashattn_portable_test.so
@@ -93,6 +93,10 @@ bench: numpy $(GPU_LIBS) $(BENCH_LIBS)
 	$(PYTHON) bench/bench_gpu.py
 	$(PYTHON) bench/bench_decode.py
 	$(PYTHON) bench/bench_fp8.py
+
+# Wall seconds of the library's builds on this machine (bench/results_build.md).
+bench-build:
+	$(PYTHON) bench/bench_build.py
 
 bench-decode: numpy $(GPU_LIBS)
 	$(PYTHON) bench/bench_decode.py

@@ -178,7 +178,7 @@ typedef struct fa_params {
 
     /* FP8 forward (dtype FA_DTYPE_FP8_E4M3): q, k, v in e4m3 with their
        descales at fp8_scaling's granularity (FA_FP8_SCALE_*); o in o_dtype */
-    fa_dtype o_dtype;     /* FP8: FA_DTYPE_BF16 (zero: the default) or FA_DTYPE_F16; else 0 or dtype */
+    fa_dtype o_dtype;     /* FP8: FA_DTYPE_BF16 (0: the default) or F16; else 0 or dtype */
     fa_fp8_scaling fp8_scaling;
     const float *q_descale;
     const float *k_descale;
@@ -1952,7 +1952,8 @@ static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_
         const int64_t nq = (int64_t)p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b];
         const int64_t nk = (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
         if (p->cu_seqlens_q[b] < 0 || p->cu_seqlens_k[b] < 0 || nq < 0 || nk < 0)
-            return fa_i_fail(FA_ERR_INVALID_SIZE, "cu_seqlens decrease (or start below 0) at %d", b);
+            return fa_i_fail(FA_ERR_INVALID_SIZE, "cu_seqlens decrease (or start below 0) at %d",
+                             b);
         if (nq > p->seqlen_q || nk > p->seqlen_k)
             return fa_i_fail(FA_ERR_INVALID_SIZE,
                              "sequence %d: %lld queries, %lld keys past seqlen_q %d, seqlen_k %d",
@@ -1992,7 +1993,8 @@ static void fa_i_zero_rows(void *base, const fa_layout *l, fa_dtype dtype, int h
     static const float zeros[FA_MAX_HEAD_DIM] = {0.0f};
     int h, r;
     for (h = 0; h < heads; ++h)
-        for (r = r0; r < r1; ++r) fa_i_store_row(base, fa_i_offset(l, 0, h, r), zeros, d, dtype, 1.0f);
+        for (r = r0; r < r1; ++r)
+            fa_i_store_row(base, fa_i_offset(l, 0, h, r), zeros, d, dtype, 1.0f);
 }
 
 /* Sequence b of a varlen p as a dense problem of batch 1 (its queries nq and
@@ -2165,17 +2167,30 @@ static int fa_i_quantize_blocks(const fa_quantize_params *p)
     return (int)(((int64_t)p->seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK);
 }
 
+/* A quantize task's block: head h of batch b, rows [r0, r1). */
+typedef struct fa_i_quant_block {
+    int b, h, r0, r1;
+} fa_i_quant_block;
+
+static fa_i_quant_block fa_i_quantize_block_of(const fa_quantize_params *p, int task)
+{
+    const int blocks = fa_i_quantize_blocks(p), blk = task % blocks, bh = task / blocks;
+    fa_i_quant_block q;
+    q.b = bh / p->heads, q.h = bh % p->heads;
+    q.r0 = blk * FA_FP8_BLOCK;
+    q.r1 = p->seqlen - q.r0 < FA_FP8_BLOCK ? p->seqlen : q.r0 + FA_FP8_BLOCK;
+    return q;
+}
+
 /* Pass 1, task = block of (b, h): its amax into job->shared[task]. */
 static void fa_i_quantize_amax_task(const fa_i_job *job, int task, float *row)
 {
     const fa_quantize_params *p = job->quantize;
-    const int blocks = fa_i_quantize_blocks(p), blk = task % blocks, bh = task / blocks;
-    const int r_end = blk * FA_FP8_BLOCK + FA_FP8_BLOCK < p->seqlen ? blk * FA_FP8_BLOCK + FA_FP8_BLOCK
-                                                                    : p->seqlen;
+    const fa_i_quant_block q = fa_i_quantize_block_of(p, task);
     float amax = 0.0f;
     int r, i;
-    for (r = blk * FA_FP8_BLOCK; r < r_end; ++r) {
-        fa_i_quantize_row(p, bh / p->heads, bh % p->heads, r, row);
+    for (r = q.r0; r < q.r1; ++r) {
+        fa_i_quantize_row(p, q.b, q.h, r, row);
         for (i = 0; i < p->head_dim; ++i) amax = fabsf(row[i]) > amax ? fabsf(row[i]) : amax;
     }
     job->shared[task] = amax;
@@ -2185,16 +2200,13 @@ static void fa_i_quantize_amax_task(const fa_i_job *job, int task, float *row)
 static void fa_i_quantize_store_task(const fa_i_job *job, int task, float *row)
 {
     const fa_quantize_params *p = job->quantize;
-    const int blocks = fa_i_quantize_blocks(p), blk = task % blocks, bh = task / blocks;
-    const int b = bh / p->heads, h = bh % p->heads;
-    const int r_end = blk * FA_FP8_BLOCK + FA_FP8_BLOCK < p->seqlen ? blk * FA_FP8_BLOCK + FA_FP8_BLOCK
-                                                                    : p->seqlen;
-    const float inv = 1.0f / p->descale[fa_i_descale_index(p->scaling, b, h, p->heads, p->seqlen,
-                                                           blk * FA_FP8_BLOCK)];
+    const fa_i_quant_block q = fa_i_quantize_block_of(p, task);
+    const float inv =
+        1.0f / p->descale[fa_i_descale_index(p->scaling, q.b, q.h, p->heads, p->seqlen, q.r0)];
     int r, i;
-    for (r = blk * FA_FP8_BLOCK; r < r_end; ++r) {
-        uint8_t *out = (uint8_t *)p->out + fa_i_offset(&p->out_layout, b, h, r);
-        fa_i_quantize_row(p, b, h, r, row);
+    for (r = q.r0; r < q.r1; ++r) {
+        uint8_t *out = (uint8_t *)p->out + fa_i_offset(&p->out_layout, q.b, q.h, r);
+        fa_i_quantize_row(p, q.b, q.h, r, row);
         for (i = 0; i < p->head_dim; ++i) out[i] = fa_f32_to_e4m3(row[i] * inv);
     }
 }

@@ -32,8 +32,9 @@
      num_splits: keys in chunks merged by LSE (0: the library's choice).
      fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
      key ranges by their LSE (fa_combine_params).
-     Varlen (CPU): cu_seqlens_q/k give a ragged batch in packed tensors
-     (the fields' comment in fa_params).
+     Varlen (CPU): cu_seqlens_q/k give a ragged batch in packed tensors;
+     paged K/V (CPU, forward): block_table, cache_seqlens and an optional
+     append of k_new/v_new (the fields' comments in fa_params).
      FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
      their descales (fa_fp8_scaling), o is written in o_dtype;
      fa_*_quantize_fp8 makes such inputs (fa_quantize_params).
@@ -195,6 +196,26 @@ typedef struct fa_params {
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     const int32_t *seqused_k;
+
+    /* Paged K/V cache (CPU path, forward): with block_table set, k and v are
+       caches of num_pages pages, [num_pages, page_size, Hkv, d] (k_layout,
+       v_layout: the batch stride steps from page to page), and key c of
+       sequence b is row c % page_size of page block_table[b * max_pages +
+       c / page_size]. cache_seqlens[b] keys are cached; k_new and v_new
+       (optional, [B, seqlen_new, Hkv, d] in dtype) are first written into the
+       pages at rows cache_seqlens[b] .. + seqlen_new - 1, then attended with
+       the rest: sequence b has cache_seqlens[b] + seqlen_new keys, at most
+       seqlen_k. Host arrays; every page entry those keys use must be in
+       0 .. num_pages - 1 (else FA_ERR_INVALID_ARGUMENT, nothing written). */
+    const int32_t *block_table;
+    int max_pages;        /* block_table entries per sequence */
+    int page_size;        /* keys per page */
+    int num_pages;
+    const int32_t *cache_seqlens;
+    const void *k_new;
+    const void *v_new;
+    fa_layout k_new_layout, v_new_layout;
+    int seqlen_new;
 } fa_params;
 
 /* Quantization to e4m3 for the FP8 forward (fa_cpu_quantize_fp8,
@@ -724,11 +745,17 @@ static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
     const int b = p->batch, nq = p->seqlen_q, nk = p->seqlen_k, hq = p->heads_q, hk = p->heads_kv;
     const int d = p->head_dim;
     const int64_t lse_bytes = (int64_t)b * hq * nq * 4;
-    fa_i_span in[6], out[3];
+    fa_i_span in[8], out[3];
     int ni = 0, no = 0, i, j;
+    /* a paged cache spans its pages (and takes k_new, v_new in) */
+    const int kb = p->block_table ? p->num_pages : b, kn = p->block_table ? p->page_size : nk;
     in[ni++] = fa_i_span_of("q", p->q, &p->q_layout, b, nq, hq, d, p->dtype);
-    in[ni++] = fa_i_span_of("k", p->k, &p->k_layout, b, nk, hk, d, p->dtype);
-    in[ni++] = fa_i_span_of("v", p->v, &p->v_layout, b, nk, hk, d, p->dtype);
+    in[ni++] = fa_i_span_of("k", p->k, &p->k_layout, kb, kn, hk, d, p->dtype);
+    in[ni++] = fa_i_span_of("v", p->v, &p->v_layout, kb, kn, hk, d, p->dtype);
+    if (p->block_table && p->seqlen_new > 0) {
+        in[ni++] = fa_i_span_of("k_new", p->k_new, &p->k_new_layout, b, p->seqlen_new, hk, d, p->dtype);
+        in[ni++] = fa_i_span_of("v_new", p->v_new, &p->v_new_layout, b, p->seqlen_new, hk, d, p->dtype);
+    }
     if (pass == FA_PASS_FORWARD) {
         out[no++] = fa_i_span_of("o", p->o, &p->o_layout, b, nq, hq, d, p->o_dtype);
         if (p->lse) {
@@ -818,6 +845,31 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
                          "varlen needs both cu_seqlens_q and cu_seqlens_k (seqused_k with them)");
     if (r.cu_seqlens_q && r.dtype == FA_DTYPE_FP8_E4M3)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "varlen takes no fp8 inputs");
+    if (r.block_table) {
+        if (pass == FA_PASS_BACKWARD || r.cu_seqlens_q || r.dtype == FA_DTYPE_FP8_E4M3)
+            return fa_i_fail(FA_ERR_UNSUPPORTED, "paged K/V: forward only, not varlen or fp8");
+        if (!r.cache_seqlens || (r.seqlen_new > 0 && (!r.k_new || !r.v_new)))
+            return fa_i_fail(FA_ERR_NULL_POINTER,
+                             "paged K/V needs cache_seqlens (and k_new, v_new with seqlen_new)");
+        if (r.max_pages <= 0 || r.page_size <= 0 || r.num_pages <= 0 || r.seqlen_new < 0)
+            return fa_i_fail(FA_ERR_INVALID_SIZE,
+                             "max_pages %d, page_size %d, num_pages %d, seqlen_new %d: pages "
+                             "must be positive, seqlen_new not negative",
+                             r.max_pages, r.page_size, r.num_pages, r.seqlen_new);
+        if ((s = fa_i_check_layout(&r.k_layout, "k_layout", r.num_pages, r.page_size, r.heads_kv,
+                                   r.head_dim)) != FA_OK ||
+            (s = fa_i_check_layout(&r.v_layout, "v_layout", r.num_pages, r.page_size, r.heads_kv,
+                                   r.head_dim)) != FA_OK)
+            return s;
+        if (r.seqlen_new > 0 &&
+            ((s = fa_i_check_layout(&r.k_new_layout, "k_new_layout", r.batch, r.seqlen_new,
+                                    r.heads_kv, r.head_dim)) != FA_OK ||
+             (s = fa_i_check_layout(&r.v_new_layout, "v_new_layout", r.batch, r.seqlen_new,
+                                    r.heads_kv, r.head_dim)) != FA_OK))
+            return s;
+    } else if (r.cache_seqlens || r.k_new || r.v_new) {
+        return fa_i_fail(FA_ERR_NULL_POINTER, "cache_seqlens, k_new and v_new need a block_table");
+    }
     /* varlen: strides checked here for one sequence, and for the packed
        totals where the offsets are read (fa_i_varlen_check) */
 #define FA_I_CHECK(field, seq, heads)                                                        \
@@ -825,8 +877,10 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
                                r.head_dim)) != FA_OK)                                        \
         return s;
     FA_I_CHECK(q_layout, seqlen_q, heads_q)
-    FA_I_CHECK(k_layout, seqlen_k, heads_kv)
-    FA_I_CHECK(v_layout, seqlen_k, heads_kv)
+    if (!r.block_table) { /* paged caches: checked above as pages */
+        FA_I_CHECK(k_layout, seqlen_k, heads_kv)
+        FA_I_CHECK(v_layout, seqlen_k, heads_kv)
+    }
     FA_I_CHECK(o_layout, seqlen_q, heads_q)
     if (pass == FA_PASS_BACKWARD) {
         FA_I_CHECK(dout_layout, seqlen_q, heads_q)
@@ -1110,11 +1164,37 @@ static fa_i_descale fa_i_descale_of(const fa_params *p, const float *all, int b,
     return r;
 }
 
+/* Where a tensor's rows are: dense (table NULL), or in pages of `size`
+   rows, row r in page table[r / size] (the layout's batch stride steps
+   from page to page). */
+typedef struct fa_i_pages {
+    const int32_t *table;
+    int size;
+} fa_i_pages;
+
+static const fa_i_pages fa_i_dense = {NULL, 0};
+
+/* The key rows of p: paged where p has a block table (one sequence's row). */
+static fa_i_pages fa_i_pages_of(const fa_params *p)
+{
+    fa_i_pages pg;
+    pg.table = p->block_table;
+    pg.size = p->page_size;
+    return pg;
+}
+
+static int64_t fa_i_row_at(const fa_layout *l, fa_i_pages pg, int b, int h, int r)
+{
+    if (!pg.table) return fa_i_offset(l, b, h, r);
+    return (int64_t)pg.table[r / pg.size] * l->batch + (int64_t)(r % pg.size) * l->seq +
+           (int64_t)h * l->head;
+}
+
 /* Loads rows [r0, r0 + rows) of one head, scaled by mul and their descales,
    into dst[rows][ld] (d values, then zeros up to ld). */
 static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout *l, int b,
                            int h, int r0, int rows, int d, fa_dtype dtype, float mul,
-                           fa_i_descale ds)
+                           fa_i_descale ds, fa_i_pages pg)
 {
     const int64_t esize = (int64_t)fa_dtype_size(dtype);
     int r, c;
@@ -1127,13 +1207,13 @@ static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout
            where the hardware prefetcher stops: fetch a few rows ahead. */
         if (r + FA_I_PREFETCH_ROWS < rows) {
             const char *ahead =
-                (const char *)base + fa_i_offset(l, b, h, r0 + r + FA_I_PREFETCH_ROWS) * esize;
+                (const char *)base + fa_i_row_at(l, pg, b, h, r0 + r + FA_I_PREFETCH_ROWS) * esize;
             for (c = 0; c < d * esize; c += 64) _mm_prefetch(ahead + c, _MM_HINT_T0);
         }
 #else
         (void)esize;
 #endif
-        fa_i_load_row(row, base, fa_i_offset(l, b, h, r0 + r), d, dtype, row_mul);
+        fa_i_load_row(row, base, fa_i_row_at(l, pg, b, h, r0 + r), d, dtype, row_mul);
         for (c = d; c < ld; ++c) row[c] = 0.0f;
     }
 }
@@ -1147,7 +1227,7 @@ static void fa_i_load_kt(float *kt, int ld, float *row, const fa_params *p, int 
     const fa_i_descale ds = fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k);
     int c, i;
     for (c = 0; c < cols; ++c) {
-        fa_i_load_row(row, p->k, fa_i_offset(&p->k_layout, b, hk, c0 + c), d, p->dtype,
+        fa_i_load_row(row, p->k, fa_i_row_at(&p->k_layout, fa_i_pages_of(p), b, hk, c0 + c), d, p->dtype,
                       ds.at ? ds.at[ds.per_block ? (c0 + c) / FA_FP8_BLOCK : 0] : 1.0f);
         for (i = 0; i < d; ++i) kt[(size_t)i * FA_CPU_BLOCK_N + c] = row[i];
     }
@@ -1494,7 +1574,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     int lo, hi, c0, c_end, r, c;
 
     fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p),
-                   fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q));
+                   fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q), fa_i_dense);
     memset(o, 0, sizeof(float) * rows * dp);
     for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
@@ -1511,7 +1591,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
         if (!vis) continue;
         if (rows <= FA_I_DOT_ROWS) { /* decode: dot products with K's own rows, no transpose */
             fa_i_load_tile(kt, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
-                           fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k));
+                           fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k),
+                           fa_i_pages_of(p));
             for (r = 0; r < rows; ++r)
                 for (c = 0; c < cols; ++c)
                     s[(size_t)r * FA_I_BN + c] = fa_i_dot(q + (size_t)r * dp, kt + (size_t)c * dp, dp);
@@ -1520,7 +1601,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
         }
         fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
-                       fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k));
+                       fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
+                       fa_i_pages_of(p));
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
         for (r = 0; r < rows; ++r) {
             float *srow = s + (size_t)r * FA_I_BN;
@@ -1586,14 +1668,15 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
         fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
-                       fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k));
+                       fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
+                       fa_i_pages_of(p));
         for (r0 = 0; r0 < nq; r0 += FA_I_BM) {
             const int rows = nq - r0 < FA_I_BM ? nq - r0 : FA_I_BM;
             const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
             if (!vis) continue;
             fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype,
                            fa_i_q_multiplier(p),
-                           fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q));
+                           fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q), fa_i_dense);
             fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
             fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
             for (r = 0; r < rows; ++r) { /* P~ = exp(S - m~), l~ = rowsum(P~) */
@@ -1694,9 +1777,9 @@ static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, 
     int r;
     const int dp = FA_I_PAD(p->head_dim);
     fa_i_load_tile(x->q, dp, p->q, &p->q_layout, b, h, r0, rows, p->head_dim, p->dtype, 1.0f,
-                   fa_i_no_descale);
+                   fa_i_no_descale, fa_i_dense);
     fa_i_load_tile(x->dout, dp, p->dout, &p->dout_layout, b, h, r0, rows, p->head_dim, p->dtype,
-                   1.0f, fa_i_no_descale);
+                   1.0f, fa_i_no_descale, fa_i_dense);
     for (r = 0; r < rows; ++r) {
         /* A fully masked row has LSE = -inf; +inf makes its P = 2^(-inf) = 0. */
         const float lse = p->lse[lse_base + r];
@@ -1711,10 +1794,10 @@ static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, i
 {
     const int d = p->head_dim, dp = FA_I_PAD(d);
     fa_i_load_tile(x->k, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
-                   fa_i_no_descale);
+                   fa_i_no_descale, fa_i_dense);
     fa_i_transpose_keys(x->kt, x->k, dp, cols);
     fa_i_load_tile(x->t, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
-                   fa_i_no_descale);
+                   fa_i_no_descale, fa_i_dense);
     fa_i_transpose_keys(x->vt, x->t, dp, cols);
 }
 
@@ -2068,16 +2151,105 @@ static fa_status fa_i_run_varlen(const fa_params *p, fa_pass pass, const fa_cpu_
     return s;
 }
 
+/* ---- paged K/V: the append, then one dense problem per sequence ----------- */
+
+/* Sequence b's keys after the append, checked against seqlen_k, its pages
+   and the cache (host arrays; before anything is written). */
+static fa_status fa_i_paged_check(const fa_params *p)
+{
+    int b, j;
+    for (b = 0; b < p->batch; ++b) {
+        const int64_t keys = (int64_t)p->cache_seqlens[b] + p->seqlen_new;
+        const int32_t *row = p->block_table + (int64_t)b * p->max_pages;
+        if (p->cache_seqlens[b] < 0 || keys > p->seqlen_k ||
+            keys > (int64_t)p->max_pages * p->page_size)
+            return fa_i_fail(FA_ERR_INVALID_SIZE,
+                             "sequence %d: %lld keys (cache_seqlens %d + seqlen_new %d) past "
+                             "seqlen_k %d or max_pages x page_size",
+                             b, (long long)keys, p->cache_seqlens[b], p->seqlen_new, p->seqlen_k);
+        for (j = 0; j < (keys + p->page_size - 1) / p->page_size; ++j)
+            if (row[j] < 0 || row[j] >= p->num_pages)
+                return fa_i_fail(FA_ERR_INVALID_ARGUMENT,
+                                 "block_table[%d][%d] = %d is not a page (0 .. %d)", b, j, row[j],
+                                 p->num_pages - 1);
+    }
+    return FA_OK;
+}
+
+/* k_new, v_new rows into their pages at each sequence's cache length. */
+static void fa_i_paged_append(const fa_params *p)
+{
+    const size_t bytes = (size_t)p->head_dim * fa_dtype_size(p->dtype);
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype);
+    int b, h, r, t;
+    for (b = 0; b < p->batch; ++b) {
+        fa_i_pages pg;
+        pg.table = p->block_table + (int64_t)b * p->max_pages;
+        pg.size = p->page_size;
+        for (h = 0; h < p->heads_kv; ++h)
+            for (r = 0; r < p->seqlen_new; ++r)
+                for (t = 0; t < 2; ++t) {
+                    const fa_layout *cl = t ? &p->v_layout : &p->k_layout;
+                    const fa_layout *nl = t ? &p->v_new_layout : &p->k_new_layout;
+                    char *cache = (char *)(t ? p->v : p->k);
+                    const char *src = (const char *)(t ? p->v_new : p->k_new);
+                    memcpy(cache + fa_i_row_at(cl, pg, 0, h, p->cache_seqlens[b] + r) * es,
+                           src + fa_i_offset(nl, b, h, r) * es, bytes);
+                }
+    }
+}
+
+static fa_status fa_i_forward_resolved(const fa_params *p, const fa_cpu_options *o);
+
+/* The paged forward: checks, the append, then each sequence as a dense
+   problem of batch 1 over its pages (rows with no key: O = 0, LSE = -inf). */
+static fa_status fa_i_run_paged(const fa_params *p, const fa_cpu_options *o)
+{
+    const int64_t qes = (int64_t)fa_dtype_size(p->dtype), oes = (int64_t)fa_dtype_size(p->o_dtype);
+    fa_status s = fa_i_paged_check(p);
+    int b, h, r;
+    if (s != FA_OK) return s;
+    fa_i_paged_append(p);
+    for (b = 0; b < p->batch && s == FA_OK; ++b) {
+        fa_params seq = *p;
+        seq.batch = 1;
+        seq.seqlen_k = p->cache_seqlens[b] + p->seqlen_new;
+        seq.block_table = p->block_table + (int64_t)b * p->max_pages;
+        seq.q = (const char *)p->q + b * p->q_layout.batch * qes;
+        seq.o = (char *)p->o + b * p->o_layout.batch * oes;
+        seq.lse = p->lse ? p->lse + (int64_t)b * p->heads_q * p->seqlen_q : NULL;
+        if (seq.seqlen_k == 0) {
+            fa_i_zero_rows(seq.o, &p->o_layout, p->o_dtype, p->heads_q, p->head_dim, 0, p->seqlen_q);
+            if (seq.lse)
+                for (h = 0; h < p->heads_q; ++h)
+                    for (r = 0; r < p->seqlen_q; ++r) seq.lse[(int64_t)h * p->seqlen_q + r] = -INFINITY;
+            continue;
+        }
+        s = fa_i_forward_resolved(&seq, o);
+    }
+    return s;
+}
+
 FA_API fa_status fa_cpu_forward(const fa_params *params, const fa_cpu_options *opt)
 {
     fa_params p;
     fa_cpu_options o;
-    fa_i_job job;
     fa_status s;
-    int64_t bh, query_tasks;
     if ((s = fa_params_resolve(params, FA_PASS_FORWARD, &p)) != FA_OK) return s;
     if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
     if (p.cu_seqlens_q) return fa_i_run_varlen(&p, FA_PASS_FORWARD, &o);
+    if (p.block_table) return fa_i_run_paged(&p, &o);
+    return fa_i_forward_resolved(&p, &o);
+}
+
+/* The dense forward of a resolved p (a paged p: one sequence's pages). */
+static fa_status fa_i_forward_resolved(const fa_params *params, const fa_cpu_options *opt)
+{
+    fa_params p = *params;
+    fa_cpu_options o = *opt;
+    fa_i_job job;
+    fa_status s;
+    int64_t bh, query_tasks;
     memset(&job, 0, sizeof job);
     job.p = &p;
     job.splits = 1;
@@ -2301,8 +2473,9 @@ REVISION HISTORY
    0.4.0  FP8 (e4m3) forward: block, head or tensor descales, o in bf16 or
           f16; fa_cpu/fa_cuda_quantize_fp8 with the Hadamard rotation; the
           CPU forward and the reference take fp8 inputs. Ragged batches
-          (cu_seqlens, seqused_k) on the CPU. FA_MAX_SEQLEN; outputs that
-          overlap inputs are refused
+          (cu_seqlens, seqused_k) and paged K/V caches with the append
+          (block_table, cache_seqlens, k_new/v_new) on the CPU.
+          FA_MAX_SEQLEN; outputs that overlap inputs are refused
    0.3.0  CPU: AVX2 + FMA microkernels, vector exp and 16-bit loads, 192 x 64
           tiles, caller-owned thread pools (fa_cpu_pool_create)
    0.2.0  split-KV and fa_*_combine; the GPU decode path (seqlen_q <= 16);

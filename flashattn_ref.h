@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 /* Same contract as fa_cpu_forward / fa_cpu_backward, dense problems only
-   (varlen: FA_ERR_UNSUPPORTED). The backward uses D = rowsum(P * dP) (the
+   (varlen, paged K/V: FA_ERR_UNSUPPORTED). The backward uses D = rowsum(P * dP) (the
    textbook form), not rowsum(dO * O). */
 FA_API fa_status fa_ref_forward(const fa_params *p);
 FA_API fa_status fa_ref_backward(const fa_params *p);
@@ -126,7 +126,7 @@ FA_API fa_status fa_ref_forward(const fa_params *params)
     double *prob, *lse;
     int b, h, r, c, i;
     if (s != FA_OK) return s;
-    if (p.cu_seqlens_q) return FA_ERR_UNSUPPORTED; /* dense problems only */
+    if (p.cu_seqlens_q || p.block_table) return FA_ERR_UNSUPPORTED; /* dense problems only */
     prob = (double *)malloc(sizeof(double) * (size_t)p.seqlen_q * p.seqlen_k);
     lse = (double *)malloc(sizeof(double) * (size_t)p.seqlen_q);
     if (!prob || !lse) {
@@ -163,7 +163,7 @@ FA_API fa_status fa_ref_backward(const fa_params *params)
     double *prob, *dprob, *th, *dk, *dv, *dq;
     int b, h, hk, r, c, i;
     if (s != FA_OK) return s;
-    if (p.cu_seqlens_q) return FA_ERR_UNSUPPORTED; /* dense problems only */
+    if (p.cu_seqlens_q || p.block_table) return FA_ERR_UNSUPPORTED; /* dense problems only */
     prob = (double *)malloc(sizeof(double) * nqk);
     dprob = (double *)malloc(sizeof(double) * nqk);
     th = (double *)malloc(sizeof(double) * nqk);

@@ -52,6 +52,10 @@ class Params(ctypes.Structure):
         ("q_descale", ctypes.c_void_p), ("k_descale", ctypes.c_void_p),
         ("v_descale", ctypes.c_void_p), ("cu_seqlens_q", ctypes.c_void_p),
         ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
+        ("block_table", ctypes.c_void_p), ("max_pages", ctypes.c_int), ("page_size", ctypes.c_int),
+        ("num_pages", ctypes.c_int), ("cache_seqlens", ctypes.c_void_p),
+        ("k_new", ctypes.c_void_p), ("v_new", ctypes.c_void_p), ("k_new_layout", Layout),
+        ("v_new_layout", Layout), ("seqlen_new", ctypes.c_int),
     ]
 
 

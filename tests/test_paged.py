@@ -1,0 +1,177 @@
+"""Paged K/V caches on the CPU path (block_table, cache_seqlens, page_size,
+and the append of k_new / v_new into the pages), forward, against the
+float64 reference of each sequence's gathered keys; the cache after the
+append; bad tables and sizes refused with nothing written; the GPU and the
+reference refuse."""
+import ctypes
+
+import numpy as np
+
+import fa
+import reference
+from harness import case, test, Skip
+from test_cpu import check, check_lse, rng_for
+
+
+class PagedProblem:
+    def __init__(self, rng, cache_lens, seqlen_new=0, seqlen_q=1, page_size=16, max_pages=8,
+                 heads_q=4, heads_kv=2, head_dim=64, dtype="f32", causal=False, window=None,
+                 softcap=0.0, layout="bshd"):
+        self.b, self.hq, self.hkv, self.d, self.dtype = len(cache_lens), heads_q, heads_kv, head_dim, dtype
+        self.lens, self.new, self.nq = np.array(cache_lens, np.int32), seqlen_new, seqlen_q
+        self.ps, self.mp, self.layout = page_size, max_pages, layout
+        self.causal, self.window, self.softcap = causal, window, softcap
+        self.scale = 1.0 / np.sqrt(head_dim)
+        self.num_pages = self.b * max_pages + 3
+        pages = rng.permutation(self.num_pages).astype(np.int32)
+        self.table = np.full((self.b, max_pages), -1, np.int32)  # unused entries: not pages
+        for b in range(self.b):
+            used = -(-(int(self.lens[b]) + seqlen_new) // page_size)
+            self.table[b, :used] = pages[b * max_pages:b * max_pages + used]
+        shape = (self.num_pages, page_size, heads_kv, head_dim)
+        self.k_cache = fa.quantize(rng.standard_normal(shape), dtype)
+        self.v_cache = fa.quantize(rng.standard_normal(shape), dtype)
+        self.k_new = fa.quantize(rng.standard_normal((self.b, max(seqlen_new, 1), heads_kv, head_dim)), dtype)
+        self.v_new = fa.quantize(rng.standard_normal((self.b, max(seqlen_new, 1), heads_kv, head_dim)), dtype)
+        self.q = fa.quantize(rng.standard_normal((self.b, seqlen_q, heads_q, head_dim)), dtype)
+
+    def keys(self, b):
+        """Sequence b's keys and values after the append, [1, L, Hkv, d]."""
+        n = int(self.lens[b])
+        rows = [self.table[b, c // self.ps] for c in range(n)], [c % self.ps for c in range(n)]
+        k = np.concatenate([self.k_cache[rows[0], rows[1]], self.k_new[b, :self.new]])
+        v = np.concatenate([self.v_cache[rows[0], rows[1]], self.v_new[b, :self.new]])
+        return k[None], v[None]
+
+    def run(self, backend="fa2", mutate=None, backward=False):
+        t = {"q": fa.Tensor(self.q.shape, self.dtype, self.layout, self.q),
+             "k": fa.Tensor(self.k_cache.shape, self.dtype, self.layout, self.k_cache),
+             "v": fa.Tensor(self.v_cache.shape, self.dtype, self.layout, self.v_cache),
+             "o": fa.Tensor(self.q.shape, self.dtype, self.layout),
+             "k_new": fa.Tensor(self.k_new.shape, self.dtype, self.layout, self.k_new),
+             "v_new": fa.Tensor(self.v_new.shape, self.dtype, self.layout, self.v_new)}
+        lse = np.full((self.b, self.hq, self.nq), np.nan, np.float32)
+        p = fa.Params()
+        p.dtype = fa.DTYPES[self.dtype]
+        p.batch, p.heads_q, p.heads_kv, p.head_dim = self.b, self.hq, self.hkv, self.d
+        p.seqlen_q = self.nq
+        p.seqlen_k = max(int((self.lens + self.new).max()), 1)
+        p.causal, p.softcap = int(self.causal), self.softcap
+        if self.window is not None:
+            p.window, (p.window_left, p.window_right) = 1, self.window
+        for name, x in t.items():
+            setattr(p, name, x.ptr)
+            setattr(p, name + "_layout", x.layout)
+        p.lse = lse.ctypes.data
+        p.block_table, p.max_pages, p.page_size = self.table.ctypes.data, self.mp, self.ps
+        p.num_pages, p.cache_seqlens, p.seqlen_new = self.num_pages, self.lens.ctypes.data, self.new
+        keep = mutate(p) if mutate else None
+        status = (fa.call_backward if backward else fa.call_forward)(backend, p)
+        del keep
+        return status, t, lse.astype(np.float64)
+
+
+def paged_case(**cfg):
+    prob = PagedProblem(rng_for("paged" + str(cfg)), **cfg)
+    args = dict(scale=prob.scale, causal=prob.causal, window=prob.window, softcap=prob.softcap)
+    ref_o = np.zeros(prob.q.shape)
+    low_o = np.zeros(prob.q.shape)
+    ref_lse = np.full((prob.b, prob.hq, prob.nq), -np.inf)
+    for b in range(prob.b):
+        k, v = prob.keys(b)
+        if k.shape[1] == 0:
+            continue
+        o, lse = reference.forward(prob.q[b:b + 1], k, v, **args)
+        ref_o[b], ref_lse[b] = o[0], lse[0]
+        low_o[b] = reference.forward(prob.q[b:b + 1], k, v, precision=np.float32, **args)[0][0]
+    status, t, lse = prob.run()
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.CPU.fa_last_error_detail().decode()}"
+    err = check("paged o", t["o"].values(), ref_o, low_o, prob.dtype)
+    check_lse(lse, ref_lse)
+    # the cache after the append: k_new, v_new rows in their pages, nothing else changed
+    want_k, want_v = prob.k_cache.copy(), prob.v_cache.copy()
+    for b in range(prob.b):
+        for r in range(prob.new):
+            c = int(prob.lens[b]) + r
+            want_k[prob.table[b, c // prob.ps], c % prob.ps] = prob.k_new[b, r]
+            want_v[prob.table[b, c // prob.ps], c % prob.ps] = prob.v_new[b, r]
+    assert np.array_equal(t["k"].values(), want_k) and np.array_equal(t["v"].values(), want_v), \
+        "the cache after the append"
+    return f"err {err:.1e}"
+
+
+case("paged_decode", paged_case, cache_lens=[37, 100, 1, 64], page_size=16)
+case("paged_decode_append", paged_case, cache_lens=[37, 100, 0, 64], seqlen_new=1, page_size=16)
+case("paged_prefill_chunk_causal", paged_case, cache_lens=[20, 70, 0], seqlen_new=9, seqlen_q=9,
+     causal=True, page_size=32, max_pages=4, heads_q=6, heads_kv=3)
+case("paged_page_size_1_gqa_window", paged_case, cache_lens=[13, 5], seqlen_new=3, seqlen_q=3,
+     page_size=1, max_pages=20, window=(6, 0), causal=True, heads_q=8, heads_kv=2)
+case("paged_page_256_bf16_softcap", paged_case, cache_lens=[300, 511], seqlen_new=1, seqlen_q=4,
+     page_size=256, max_pages=2, dtype="bf16", softcap=20.0, causal=True, layout="padded")
+case("paged_empty_sequence_f16", paged_case, cache_lens=[0, 40], seqlen_q=2, dtype="f16",
+     page_size=16, max_pages=4)
+
+
+def _paged_bad(mutate, expected, backends=("fa2",)):
+    prob = PagedProblem(rng_for("paged_bad"), cache_lens=[10, 20], seqlen_new=2, page_size=8,
+                        max_pages=4)
+    ran = 0
+    for backend in backends:
+        if backend == "gpu" and fa.GPU is None:
+            continue
+        status, t, lse = prob.run(backend, mutate)
+        assert status == fa.STATUS[expected], f"{backend}: {fa.status_name(status)}, expected {expected}"
+        assert np.isnan(t["o"].values()).all() and np.isnan(lse).all(), f"{backend} wrote o or lse"
+        assert np.array_equal(t["k"].values(), prob.k_cache) and \
+            np.array_equal(t["v"].values(), prob.v_cache), f"{backend} wrote the cache"
+        ran += 1
+    if not ran:
+        raise Skip("no GPU here")
+    return fa.CPU.fa_last_error_detail().decode()
+
+
+def _table(b, j, value):
+    def mutate(p):
+        table = np.ctypeslib.as_array(ctypes.cast(p.block_table, ctypes.POINTER(ctypes.c_int32)),
+                                      (2, 4)).copy()
+        table[b, j] = value
+        p.block_table = table.ctypes.data
+        return table
+    return mutate
+
+
+def _set(**fields):
+    def mutate(p):
+        for k, v in fields.items():
+            setattr(p, k, v)
+    return mutate
+
+
+for name, mutate, expected in (
+        ("page_past_the_cache", _table(1, 2, 11), "FA_ERR_INVALID_ARGUMENT"),
+        ("negative_page", _table(0, 1, -1), "FA_ERR_INVALID_ARGUMENT"),
+        ("keys_past_seqlen_k", _set(seqlen_k=20), "FA_ERR_INVALID_SIZE"),
+        ("keys_past_the_table", _set(max_pages=2), "FA_ERR_INVALID_SIZE"),
+        ("page_size_0", _set(page_size=0), "FA_ERR_INVALID_SIZE"),
+        ("no_cache_seqlens", _set(cache_seqlens=None), "FA_ERR_NULL_POINTER"),
+        ("no_k_new", _set(k_new=None), "FA_ERR_NULL_POINTER"),
+        ("cache_rows_overlap", lambda p: setattr(p, "k_layout", fa.Layout(8 * 2 * 64, 0, 128)),
+         "FA_ERR_INVALID_LAYOUT"),
+        ("o_over_the_cache", lambda p: setattr(p, "o", p.v), "FA_ERR_INVALID_LAYOUT")):
+    case(f"paged_bad_{name}", _paged_bad, mutate, expected)
+case("paged_bad_reference_refuses", _paged_bad, None, "FA_ERR_UNSUPPORTED", ("ref",))
+case("gpu_paged_bad_refused", _paged_bad, None, "FA_ERR_UNSUPPORTED", ("gpu",))
+
+
+@test
+def paged_backward_is_refused():
+    """Paged K/V is forward only: the backward answers FA_ERR_UNSUPPORTED."""
+    prob = PagedProblem(rng_for("paged_bwd"), cache_lens=[10], page_size=8, max_pages=2)
+
+    def as_backward(p):
+        p.dout = p.dq = p.dk = p.dv = p.o
+        return None
+
+    status, t, lse = prob.run(mutate=as_backward, backward=True)
+    assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
+    return fa.CPU.fa_last_error_detail().decode()

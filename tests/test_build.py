@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import tempfile
 
-from fa import ROOT
+from fa import ROOT, STATUS
 from harness import case, test, Skip
 
 WARN = ["-O2", "-Wall", "-Wextra", "-pedantic", "-Werror"]
@@ -158,7 +158,7 @@ LOOKUP = r"""
    (FA_ERR_UNSUPPORTED) shows without a GPU (else FA_OK or FA_ERR_CUDA). */
 int main(void)
 {
-    static uint16_t buf[64];
+    static uint16_t q[256], k[256], v[256], o[256];
     const int dims[] = {32, 48, 64, 96, 128, 160, 192, 256};
     int i, t;
     for (i = 0; i < 8; ++i)
@@ -167,9 +167,8 @@ int main(void)
             p.batch = p.heads_q = p.seqlen_q = p.seqlen_k = 1;
             p.head_dim = dims[i];
             p.dtype = (fa_dtype)t;
-            p.q = p.k = p.v = p.o = buf;
-            printf("%d %d %d\n", dims[i], t,
-                   fa_cuda_supported(&p, FA_PASS_FORWARD) != FA_ERR_UNSUPPORTED);
+            p.q = q, p.k = k, p.v = v, p.o = o;
+            printf("%d %d %d\n", dims[i], t, (int)fa_cuda_supported(&p, FA_PASS_FORWARD));
         }
     return 0;
 }
@@ -190,7 +189,13 @@ def kernels_found(defines):
         assert out.returncode == 0, " ".join(cmd) + "\n" + out.stderr[-2000:]
         run = subprocess.run([exe], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
-    return {(int(d), int(t)): bool(int(f)) for d, t, f in map(str.split, run.stdout.split("\n")[:-1])}
+    found = {}
+    for d, t, status in map(str.split, run.stdout.split("\n")[:-1]):
+        # A valid problem is either not in the build or found (FA_OK with a
+        # GPU, FA_ERR_CUDA without one); any other status is a test bug.
+        assert int(status) in (STATUS[n] for n in ("FA_OK", "FA_ERR_UNSUPPORTED", "FA_ERR_CUDA")), f"d={d} dtype={t}: status {status}"
+        found[(int(d), int(t))] = int(status) != STATUS["FA_ERR_UNSUPPORTED"]
+    return found
 
 
 @test

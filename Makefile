@@ -26,7 +26,7 @@ GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflasha
 BENCH_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_nooverlap.so $(BUILD)/libflashattn_cuda_nopingpong.so)
 GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
-.PHONY: all bench-libs numpy test demo bench bench-build bench-decode bench-cpu sanitize clean
+.PHONY: all bench-libs cuda-lib numpy test demo bench bench-build bench-decode bench-cpu sanitize clean
 
 CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
             $(BUILD)/libflashattn_tiles_test.so $(BUILD)/libflashattn_portable_test.so
@@ -50,6 +50,31 @@ $(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 # The portable C kernels (no SIMD), the oracle the SIMD kernels are tested against.
 $(BUILD)/libflashattn_portable_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_SIMD=0 -fPIC -shared -o $@ tests/shim.c -lm -pthread
+
+# The GPU library split over translation units (FA_CUDA_SPLIT in
+# flashattn_cuda.cuh), each compiled from the header itself, so that
+# `make -j cuda-lib` builds them in parallel: the host unit (the host code,
+# the CPU path, the kernels every head dim shares) and one kernel unit per
+# head dim, heaviest first. CUDA_LIB_FLAGS reaches every unit.
+CUDA_LIB_ARCH  ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
+CUDA_LIB_FLAGS ?=
+CUDA_LIB_DIMS  ?= 256 192 128 160 96 64 32
+CUDA_LIB_NVCC   = $(NVCC) -O3 -Xcompiler -fPIC $(CUDA_LIB_ARCH) -DFA_CUDA_SPLIT=1 $(CUDA_LIB_FLAGS) -x cu
+CUDA_LIB_OBJS  := $(CUDA_LIB_DIMS:%=$(BUILD)/cuda/d%.o) $(BUILD)/cuda/host.o
+
+cuda-lib: $(BUILD)/libflashattn_cuda.a
+
+$(BUILD)/cuda:
+	mkdir -p $(BUILD)/cuda
+
+$(BUILD)/cuda/host.o: $(CUDA_HEADERS) | $(BUILD)/cuda
+	$(CUDA_LIB_NVCC) -DFLASHATTN_IMPLEMENTATION -DFLASHATTN_CUDA_IMPLEMENTATION -c -o $@ flashattn_cuda.cuh
+
+$(BUILD)/cuda/d%.o: $(CUDA_HEADERS) | $(BUILD)/cuda
+	$(CUDA_LIB_NVCC) -DFLASHATTN_CUDA_KERNELS -DFA_CUDA_UNIT_HEAD_DIM=$* -c -o $@ flashattn_cuda.cuh
+
+$(BUILD)/libflashattn_cuda.a: $(CUDA_LIB_OBJS)
+	rm -f $@ && ar rcs $@ $(CUDA_LIB_OBJS)
 
 # The CUDA test shim in each build the tests and the benchmark compare.
 $(BUILD)/libflashattn_cuda_fa2_test.so: SHIM_FLAGS := -DFA_SM90=0

@@ -97,12 +97,35 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #endif
 #endif /* FLASHATTN_CUDA_H */
 
-/* The include that implements the library sets FA_I_TOP for its own
-   top-level sections (the kernel blocks below run in nested includes). */
-#if defined(FLASHATTN_CUDA_IMPLEMENTATION) && !defined(FA_I_PASS) && \
-    !defined(FLASHATTN_CUDA_IMPLEMENTATION_DONE)
+/* The include that implements the library (or, split, a kernel unit of it:
+   FA_CUDA_SPLIT in >> options) sets FA_I_TOP for its own top-level sections
+   (the kernel blocks below run in nested includes). FA_I_HOST: this unit
+   has the host code and the kernels every head dim shares; FA_I_KERNELS:
+   it has the per-head-dim kernels of FA_HEAD_DIM. */
+#if (defined(FLASHATTN_CUDA_IMPLEMENTATION) || defined(FLASHATTN_CUDA_KERNELS)) && \
+    !defined(FA_I_PASS) && !defined(FLASHATTN_CUDA_IMPLEMENTATION_DONE)
 #define FLASHATTN_CUDA_IMPLEMENTATION_DONE
 #define FA_I_TOP
+#ifndef FA_CUDA_SPLIT
+#define FA_CUDA_SPLIT 0
+#endif
+#if defined(FLASHATTN_CUDA_IMPLEMENTATION) && defined(FLASHATTN_CUDA_KERNELS)
+#error "flashattn: a unit is FLASHATTN_CUDA_IMPLEMENTATION or FLASHATTN_CUDA_KERNELS, not both"
+#endif
+#if defined(FLASHATTN_CUDA_KERNELS) && !FA_CUDA_SPLIT
+#error "flashattn: FLASHATTN_CUDA_KERNELS makes a kernel unit of a build with FA_CUDA_SPLIT 1"
+#endif
+#ifdef FLASHATTN_CUDA_IMPLEMENTATION
+#define FA_I_HOST 1
+#define FA_I_KERNELS (!FA_CUDA_SPLIT)
+#else
+#define FA_I_HOST 0
+#define FA_I_KERNELS 1
+#endif
+#if FA_CUDA_SPLIT /* a unit calls only some of the shared device helpers */
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 177
+#endif
 #ifdef FLASHATTN_IMPLEMENTATION
 #include "flashattn.h" /* the CPU implementation and validation, once */
 #endif
@@ -115,9 +138,20 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 /* User options (define before including):
      FA_VARIANT     2 (default): FA2/FA3 forward; 1: the FA1 teaching kernel
      FA_HEAD_DIM    0 (default: every head dim) or one of 32 64 96 128 160 192 256
-     FA_CUDA_DTYPE  0 (default: f16 and bf16), 1 f16 only, 2 bf16 only
+     FA_CUDA_DTYPE  0 (default: f16, bf16 and the fp8 forward), 1 f16 only,
+                    2 bf16 only, 3 fp8 (e4m3) only
      FA_SM90        1 (default): build the Hopper FA3 kernels (CUDA >= 12.5; they
                     run from a -gencode=arch=compute_90a,code=sm_90a build); 0: not
+     FA_CUDA_SPLIT  0 (default): the implementation unit holds every kernel.
+                    1: the library is split over translation units, each
+                    compiled from this file (nvcc -x cu flashattn_cuda.cuh) with
+                    the same options: the implementation unit
+                    (FLASHATTN_CUDA_IMPLEMENTATION) has the host code and the
+                    shared kernels, and links the head dims FA_HEAD_DIM
+                    names; a kernel unit (-DFLASHATTN_CUDA_KERNELS) has the
+                    kernels of one of them, FA_CUDA_UNIT_HEAD_DIM (by default
+                    FA_HEAD_DIM). `make cuda-lib` builds them in parallel
+                    (README, "Building").
    Lab switches (ablations; the default builds what the tile tables ask for):
      FA_FA3_OVERLAP      1: a key tile's S = QK^T is issued with the previous
                          tile's PV, so the softmax overlaps a GEMM; 0: one after
@@ -146,8 +180,8 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #ifndef FA_CUDA_DTYPE
 #define FA_CUDA_DTYPE 0
 #endif
-#if FA_CUDA_DTYPE < 0 || FA_CUDA_DTYPE > 2
-#error "flashattn: FA_CUDA_DTYPE must be 0 (both), 1 (f16) or 2 (bf16)"
+#if FA_CUDA_DTYPE < 0 || FA_CUDA_DTYPE > 3
+#error "flashattn: FA_CUDA_DTYPE must be 0 (all), 1 (f16), 2 (bf16) or 3 (fp8)"
 #endif
 #ifndef FA_SM90
 #define FA_SM90 1
@@ -174,7 +208,19 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #define FA_I_SM90 0
 #endif
 
+/* The head dims whose kernels this unit builds: the build's, or a kernel
+   unit's own. */
+#ifdef FLASHATTN_CUDA_KERNELS
+#ifndef FA_CUDA_UNIT_HEAD_DIM
+#define FA_CUDA_UNIT_HEAD_DIM FA_HEAD_DIM
+#endif
+#if FA_CUDA_UNIT_HEAD_DIM == 0 || !(FA_HEAD_DIM == 0 || FA_HEAD_DIM == FA_CUDA_UNIT_HEAD_DIM)
+#error "flashattn: a kernel unit needs FA_CUDA_UNIT_HEAD_DIM, one of the build's head dims"
+#endif
+#define FA_I_BUILD_D(d) (FA_CUDA_UNIT_HEAD_DIM == (d))
+#else
 #define FA_I_BUILD_D(d) (FA_HEAD_DIM == 0 || FA_HEAD_DIM == (d))
+#endif
 #define FA_I_CAT2(a, b) a##b
 #define FA_I_CAT(a, b) FA_I_CAT2(a, b)
 #define FA_I_APPLY(f, args) f args
@@ -1315,7 +1361,7 @@ static __device__ __forceinline__ void fa_i_warp_gemm(float (*c)[4], int mt, int
    each, every query row reads its normalized O, m and l from the global
    workspace `state`, merges the block, and writes them back. fp32 CUDA-core
    math. */
-#if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_VARIANT == 1
+#if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_VARIANT == 1 && FA_I_HOST
 #define FA_I_FA1_KEYS 32
 #define FA_I_FA1_THREADS 128
 static __global__ void __launch_bounds__(FA_I_FA1_THREADS)
@@ -2783,7 +2829,7 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
    kernel): one warp per 32 columns of a query row reads every part's LSE,
    then every part's columns, before it writes o's, so o may be o_parts[0]
    (same dtype and layout). */
-#if defined(FA_I_TOP) && !defined(FA_I_PASS)
+#if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
 {
@@ -2844,7 +2890,7 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
    finds the block's amax. The Hadamard rotation makes the CPU's butterflies
    in the CPU's order (fa_i_quantize_row: spans below e inside a lane, then
    across lanes), so both give the same bits. */
-#if defined(FA_I_TOP) && !defined(FA_I_PASS)
+#if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_QUANT_WARPS 16
 #define FA_I_QUANT_RUN 32  /* most elements a lane holds of a row */
 #define FA_I_QUANT_ITERS 2 /* most rows a lane holds: d = 256, 4 rows a warp */
@@ -3072,6 +3118,7 @@ static __host__ __device__ __forceinline__ int fa_i_pre_lanes(int d)
     return d <= 32 ? 4 : d <= 64 ? 8 : d <= 128 ? 16 : 32;
 }
 
+#if FA_I_HOST /* the kernels the host launches for every head dim */
 /* D = rowsum(dO * O) per query row, and the fp32 dQ accumulator's rows
    zeroed (padding rows too), fa_i_pre_lanes(d) lanes per row. */
 static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
@@ -3136,6 +3183,7 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
                         8 * j,
                     f + 8 * i, p.scale, bf16);
 }
+#endif /* FA_I_HOST */
 
 /* Per query row r0 + r (r < bm): the base-2 LSE, D and the key range. */
 static __device__ __forceinline__ void fa_i_bwd_row_facts(
@@ -3220,6 +3268,20 @@ static __device__ __forceinline__ void fa_i_fa3_bwd_load_rows(const fa_i_fa3_bwd
 #else
 #define FA_I_BWD_KNAME(stem) FA_I_CAT(FA_I_KNAME(stem), FA_I_CAT(_s, FA_I_BWD_BUDGET))
 #endif
+/* Whether a device that runs this pass's code can pick this budget's tile
+   (fa_i_fa2_bwd_kv_kernel takes the largest that fits): compute capability
+   8.x allows 163 KB at most (99 on 8.6 and 8.9, which run sm_80 code), 9.0
+   227 KB. Elsewhere the kernel is a stub that traps; builds that act as a
+   smaller device (FA_I_TEST_SMEM_OPTIN) keep every tile. */
+#if !defined(__CUDA_ARCH__) || defined(FA_I_TEST_SMEM_OPTIN)
+#define FA_I_BWD_HERE 1
+#elif __CUDA_ARCH__ < 900
+#define FA_I_BWD_HERE (FA_I_BWD_BUDGET != 227)
+#elif __CUDA_ARCH__ == 900
+#define FA_I_BWD_HERE (FA_I_BWD_BUDGET == 227 || (FA_I_BWD_BUDGET == 163 && !FA_I_FA2_BWD_HAS(227)))
+#else
+#define FA_I_BWD_HERE 1
+#endif
 /* The dK/dV kernel for one (head dim FA_I_D, dtype FA_I_DT, shared-memory
    budget FA_I_BWD_BUDGET: FA_FA2_BWD_TILE_<d>_<budget>) and mode: one CTA
    of 8 warps per (BN keys, kv head, batch) keeps dK, dV in registers
@@ -3255,6 +3317,7 @@ static __device__ __forceinline__ void fa_i_fa3_bwd_load_rows(const fa_i_fa3_bwd
 static __global__ void __launch_bounds__(256, 1)
     FA_I_BWD_KNAME(fa_i_bwd_kv_fa2)(const fa_params p, const fa_i_bwd_args a)
 {
+#if FA_I_BWD_HERE
     enum {
         D = FA_I_D, BN = FA_I_BWD(KEYS), BM = FA_I_BWD(ROWS), QS = FA_I_BWD(QST),
         DOS = FA_I_BWD(DOST), SW = FA_I_BWD(SW), KW = FA_I_BWD(KVW), QW = FA_I_BWD(QW),
@@ -3422,6 +3485,9 @@ static __global__ void __launch_bounds__(256, 1)
             }
         }
     }
+#else
+    __trap(); /* fa_i_fa2_bwd_kv_kernel never picks this tile on this arch */
+#endif
 }
 #undef FA_I_EACH_S
 #undef FA_I_S_ROW
@@ -3432,6 +3498,7 @@ static __global__ void __launch_bounds__(256, 1)
 /* ======================================================================== */
 #undef FA_I_BWD
 #undef FA_I_BWD_KNAME
+#undef FA_I_BWD_HERE
 #endif /* FA_I_PASS_FA2_BWD_KV */
 
 /* The deterministic mode's dQ: one CTA per query block (FA_FA2_BWDQ_TILE_<d>),
@@ -3986,8 +4053,12 @@ static __global__ void __launch_bounds__(256, 1)
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #if !FA_I_BUILD_D(FA_I_D)
+#if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
                                                                 FA_I_NO_KERNELS};
+#endif
+#elif !FA_I_KERNELS /* split: the kernel unit of this head dim defines it */
+extern const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3];
 #else
 /* FA2 forward: Q and STAGES of K and V, 16-bit rows of FA_I_PITCH. */
 #define FA_I_FA2_FWD_ROW FA_I_CAT(FA_FA2_FWD_TILE_, FA_I_D)
@@ -4130,17 +4201,17 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 
 #undef FA_I_PASS
 #define FA_I_PASS FA_I_PASS_DTYPE
-#if FA_CUDA_DTYPE != 2
+#if FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 1
 #define FA_I_DT f16
 #include "flashattn_cuda.cuh"
 #undef FA_I_DT
 #endif
-#if FA_CUDA_DTYPE != 1
+#if FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 2
 #define FA_I_DT bf16
 #include "flashattn_cuda.cuh"
 #undef FA_I_DT
 #endif
-#if FA_I_FA3_FP8_HAS
+#if FA_I_FA3_FP8_HAS && (FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 3)
 #define FA_I_DT e4m3
 #include "flashattn_cuda.cuh"
 #undef FA_I_DT
@@ -4214,18 +4285,27 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt),               \
      FA_I_DECODE_ENTRY(dt)}
-static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {
-#if FA_CUDA_DTYPE != 2
+#if FA_CUDA_SPLIT
+extern
+#else
+static
+#endif
+    const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {
+#if FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 1
     FA_I_ENTRY(f16),
 #else
     FA_I_NO_KERNELS,
 #endif
-#if FA_CUDA_DTYPE != 1
+#if FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 2
     FA_I_ENTRY(bf16),
 #else
     FA_I_NO_KERNELS,
 #endif
+#if FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 3
     FA_I_FP8_ENTRY,
+#else
+    FA_I_NO_KERNELS,
+#endif
 };
 #undef FA_I_KERNEL_OF
 #undef FA_I_FA2_FWD_ENTRY
@@ -4307,7 +4387,7 @@ static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {
 
 /* >> host =====================================================================
    Validation, the kernel table lookup, device facts, dispatch and launch. */
-#if defined(FA_I_TOP) && !defined(FA_I_PASS)
+#if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -4908,6 +4988,11 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 #ifdef __cplusplus
 }
 #endif
-#undef FA_I_TOP
 #endif /* >> host */
+#if defined(FA_I_TOP) && !defined(FA_I_PASS)
+#if FA_CUDA_SPLIT
+#pragma nv_diagnostic pop
+#endif
+#undef FA_I_TOP
+#endif
 

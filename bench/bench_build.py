@@ -1,10 +1,13 @@
 """Build-time benchmark (`make bench-build`): wall seconds of the builds a
 user runs, on this machine, one at a time. Writes bench/results_build.md.
 
-  default   examples/gpu_attention.cu as its first line says (every head dim
-            and dtype, sm_80 and sm_90a): the library a user vendors whole
-  one       one configuration: -DFA_HEAD_DIM=128 -DFA_CUDA_DTYPE=2, sm_90a only
-  cpu       examples/cpu_attention.c
+  default       examples/gpu_attention.cu as its first line says: one unit,
+                every head dim and dtype, sm_80 and sm_90a
+  default split `make -j<cpus> cuda-lib`: the same kernels over a host unit
+                and one kernel unit per head dim, in parallel
+  one           one configuration (d = 128, bf16, sm_90a), one unit
+  one split     the same as `make -j<cpus> cuda-lib` units
+  cpu           examples/cpu_attention.c
 """
 import datetime
 import os
@@ -30,12 +33,19 @@ def timed(cmd):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
+        jobs = f"-j{os.cpu_count()}"
+        one = ["CUDA_LIB_ARCH=-gencode=arch=compute_90a,code=sm_90a", "CUDA_LIB_DIMS=128",
+               "CUDA_LIB_FLAGS=-DFA_HEAD_DIM=128 -DFA_CUDA_DTYPE=2"]
         rows = [
-            ("default library (every head dim and dtype, sm_80 + sm_90a)",
+            ("default library, one unit (every head dim and dtype, sm_80 + sm_90a)",
              GPU_CMD + ["-o", os.path.join(tmp, "g"), "examples/gpu_attention.cu"]),
-            ("one configuration (d = 128, bf16, sm_90a)",
+            (f"default library, `make {jobs} cuda-lib` (host unit + 7 kernel units)",
+             ["make", jobs, "cuda-lib", "BUILD=" + os.path.join(tmp, "b1")]),
+            ("one configuration (d = 128, bf16, sm_90a), one unit",
              ["nvcc", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-DFA_HEAD_DIM=128",
               "-DFA_CUDA_DTYPE=2", "-o", os.path.join(tmp, "g1"), "examples/gpu_attention.cu"]),
+            (f"one configuration, `make {jobs} cuda-lib` (host unit + 1 kernel unit)",
+             ["make", jobs, "cuda-lib", "BUILD=" + os.path.join(tmp, "b2")] + one),
             ("CPU example", ["cc", "-std=c99", "-O3", "-march=native", "-o", os.path.join(tmp, "c"),
                              "examples/cpu_attention.c", "-lm", "-pthread"]),
         ]

@@ -109,7 +109,15 @@ def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
     dk = _group_sum(np.einsum("bhqk,bqhd->bkhd", dx, q), hkv)
     if not magnitudes:
         return dq, dk, dv
-    terms = np.abs(p) * (np.abs(dp) + np.abs(dsum)) * scale
+    # dP and D are dot products over the head dim: their rounding is relative
+    # to the sums of |terms|, not to |dP| and |D|, which can cancel (Nk = 1
+    # gives dP = D exactly, so dS = 0 and dQ, dK are pure rounding).
+    dp_abs = np.einsum("bqhd,bkhd->bhqk", np.abs(dout), np.abs(ve))
+    if o is None:
+        dsum_abs = (np.abs(p) * dp_abs).sum(axis=-1, keepdims=True)
+    else:
+        dsum_abs = np.einsum("bqhd,bqhd->bhq", np.abs(dout), np.abs(o))[..., None]
+    terms = np.abs(p) * (dp_abs + dsum_abs) * scale
     if softcap:
         terms = terms * (1.0 - t * t)
     mags = (np.einsum("bhqk,bkhd->bqhd", terms, np.abs(ke)),

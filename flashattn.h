@@ -57,13 +57,17 @@
                               (default 1 where __AVX2__ and __FMA__ are defined)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
      FA_CPU_BLOCK_N           key rows per CPU tile        (default 64)
+     FA_CPU_PACK_BYTES        most bytes of K/V the forward packs at a time
+                              (default 64 MiB; 0: never pack), where
+                              fa_cpu_options.pack_bytes is 0
      FA_MALLOC / FA_FREE      allocator hooks (define both or neither)
      FLASHATTN_STATIC         make every function static to the including file
 
    CPU MEMORY: workspace is O(tiles) per thread for the FA2 order, plus
    O(Nq * d) per thread for the FA1 order (its carried O, m, l state),
    O(B * Hq * Nq) floats for the backward's D = rowsum(dO * O) and
-   O(splits * B * Hq * Nq * d) for a split forward's parts. Never
+   O(splits * B * Hq * Nq * d) for a split forward's parts, and at most
+   FA_CPU_PACK_BYTES (or fa_cpu_options.pack_bytes) for the forward's packed K/V. Never
    O(Nq * Nk). The CPU path allocates that through FA_MALLOC per call.
 */
 #ifndef FLASHATTN_H
@@ -378,6 +382,8 @@ typedef struct fa_cpu_options {
     int num_threads;      /* 0 = 1; ignored with FA_NO_THREADS, and where pool is set */
     fa_cpu_order order;   /* forward loop order */
     fa_cpu_pool *pool;    /* optional: run on this pool's threads (and the caller's) */
+    int64_t pack_bytes;   /* most bytes of packed K/V the forward holds at a time
+                             (0: FA_CPU_PACK_BYTES; negative: never pack) */
 } fa_cpu_options;
 
 /* Most threads a call uses (more asked for: this many) or a pool holds,
@@ -456,6 +462,9 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #endif
 #ifndef FA_CPU_BLOCK_N
 #define FA_CPU_BLOCK_N 64
+#endif
+#ifndef FA_CPU_PACK_BYTES
+#define FA_CPU_PACK_BYTES (64 << 20)
 #endif
 #if FA_CPU_BLOCK_M < 4 || FA_CPU_BLOCK_M > 512 || FA_CPU_BLOCK_M % 4 != 0
 #error "flashattn: FA_CPU_BLOCK_M must be a multiple of 4 in [4, 512]"
@@ -1340,6 +1349,9 @@ typedef struct fa_i_job {
     size_t scratch_floats;
     float *shared;          /* job-wide buffer (backward's D; split-KV's partial O, then LSE) */
     int splits;             /* forward: key chunks per query block */
+    int first_task;         /* forward: task numbers start here (a group of packed heads) */
+    float *packed;          /* forward: K/V tiles of (b, kv head) pairs from pair0, or NULL */
+    int pair0;
     int next_task;
     fa_status status;
 #ifndef FA_NO_THREADS
@@ -1561,10 +1573,39 @@ static size_t fa_i_split_o_floats(const fa_params *p)
     return (size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim;
 }
 
+/* Packed K/V (FA_CPU_PACK_BYTES): where several query blocks read each K/V
+   tile, the forward first converts the tiles of a group of (batch, kv head)
+   pairs once into one buffer, K^T as the product takes it and V, tile after
+   tile, so that each query block streams them contiguous in fp32 instead of
+   gathering, converting and transposing rows that sit a page apart. */
+static size_t fa_i_pack_tile_floats(const fa_params *p)
+{
+    return (size_t)2 * FA_I_PAD(p->head_dim) * FA_I_BN;
+}
+
+static size_t fa_i_pack_pair_floats(const fa_params *p)
+{
+    return (size_t)fa_i_ceil_div(p->seqlen_k, FA_I_BN) * fa_i_pack_tile_floats(p);
+}
+
+/* Task: K^T and V of key block task % blocks of pair pair0 + task / blocks. */
+static void fa_i_pack_kv_task(const fa_i_job *job, int task, float *scratch)
+{
+    const fa_params *p = job->p;
+    const int blocks = fa_i_ceil_div(p->seqlen_k, FA_I_BN), pair = job->pair0 + task / blocks;
+    const int b = pair / p->heads_kv, hk = pair % p->heads_kv, c0 = task % blocks * FA_I_BN;
+    const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN, dp = FA_I_PAD(p->head_dim);
+    float *kt = job->packed + (size_t)task * fa_i_pack_tile_floats(p), *v = kt + (size_t)dp * FA_I_BN;
+    if (!fa_i_tile_visibility(p, 0, p->seqlen_q, c0, c0 + cols)) return; /* no row sees it */
+    fa_i_load_kt(kt, dp, scratch, p, b, hk, c0, cols);
+    fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, p->head_dim, p->dtype, 1.0f,
+                   fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k), fa_i_pages_of(p));
+}
+
 static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const int split = task % job->splits;
+    const int split = (task += job->first_task) % job->splits;
     const fa_i_query_block blk = fa_i_query_task(p, task / job->splits);
     const int d = p->head_dim, dp = FA_I_PAD(d), b = blk.b, h = blk.h, hk = blk.hk;
     const int r0 = blk.r0, rows = blk.rows;
@@ -1589,7 +1630,12 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;
-        if (rows <= FA_I_DOT_ROWS) { /* decode: dot products with K's own rows, no transpose */
+        if (job->packed) { /* this block's tiles, packed */
+            kt = job->packed + ((size_t)(b * p->heads_kv + hk - job->pair0) * fa_i_ceil_div(p->seqlen_k, FA_I_BN) +
+                                c0 / FA_I_BN) * fa_i_pack_tile_floats(p);
+            v = kt + (size_t)dp * FA_I_BN;
+            fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
+        } else if (rows <= FA_I_DOT_ROWS) { /* decode: dot products with K's own rows, no transpose */
             fa_i_load_tile(kt, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
                            fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k),
                            fa_i_pages_of(p));
@@ -1600,9 +1646,10 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
             fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
         }
-        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
-                       fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
-                       fa_i_pages_of(p));
+        if (!job->packed)
+            fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+                           fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
+                           fa_i_pages_of(p));
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
         for (r = 0; r < rows; ++r) {
             float *srow = s + (size_t)r * FA_I_BN;
@@ -2022,6 +2069,44 @@ static fa_status fa_i_forward_split(fa_i_job *job, const fa_cpu_options *o)
     return s;
 }
 
+/* The FA2-order forward, unsplit, over packed K/V where that pays: every
+   K/V tile read by at least two query blocks (query blocks of more than
+   FA_I_DOT_ROWS rows, or GQA), one (batch, kv head) pair's tiles within
+   FA_CPU_PACK_BYTES. Pairs go in groups that fit it: a job packs a group,
+   a second runs its query tasks (a contiguous range of task numbers).
+   Otherwise, or where the buffer cannot be had, tiles load per query block. */
+static fa_status fa_i_forward_packed(fa_i_job *job, const fa_cpu_options *o)
+{
+    const fa_params *p = job->p;
+    const int group = p->heads_q / p->heads_kv, blocks = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
+    const int pairs = p->batch * p->heads_kv, tasks_per_pair = job->num_tasks / pairs;
+    const int64_t cap = o->pack_bytes ? o->pack_bytes : (int64_t)FA_CPU_PACK_BYTES;
+    const size_t pair_bytes = fa_i_pack_pair_floats(p) * sizeof(float);
+    int per_group, pair0;
+    fa_i_job pack;
+    fa_status s = FA_OK;
+    if (cap <= 0 || (uint64_t)pair_bytes > (uint64_t)cap || tasks_per_pair < 2 ||
+        (p->seqlen_q <= FA_I_DOT_ROWS && group < 2))
+        return fa_i_run_job(job, o);
+    per_group = (uint64_t)cap / pair_bytes < (uint64_t)pairs ? (int)((uint64_t)cap / pair_bytes) : pairs;
+    job->packed = (float *)FA_MALLOC(pair_bytes * per_group);
+    if (!job->packed) return fa_i_run_job(job, o);
+    memset(&pack, 0, sizeof pack);
+    pack.p = p, pack.run = fa_i_pack_kv_task, pack.packed = job->packed, pack.splits = 1;
+    pack.scratch_floats = (size_t)FA_I_PAD(p->head_dim);
+    for (pair0 = 0; pair0 < pairs && s == FA_OK; pair0 += per_group) {
+        const int n = pairs - pair0 < per_group ? pairs - pair0 : per_group;
+        fa_i_job attend = *job;
+        pack.pair0 = pair0, pack.num_tasks = n * blocks, pack.next_task = 0;
+        s = fa_i_run_job(&pack, o);
+        attend.pair0 = pair0, attend.first_task = pair0 * tasks_per_pair;
+        attend.num_tasks = n * tasks_per_pair, attend.next_task = 0;
+        if (s == FA_OK) s = fa_i_run_job(&attend, o);
+    }
+    FA_FREE(job->packed);
+    return s;
+}
+
 /* ---- varlen: ragged batches as one dense problem per sequence ------------- */
 
 /* Validates a resolved varlen p's offsets (host arrays) and its packed
@@ -2265,7 +2350,8 @@ static fa_status fa_i_forward_resolved(const fa_params *params, const fa_cpu_opt
     query_tasks = bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM);
     job.splits = fa_i_cpu_splits(&p, query_tasks);
     if ((s = fa_i_task_count(query_tasks * job.splits, &job.num_tasks)) != FA_OK) return s;
-    return job.splits > 1 ? fa_i_forward_split(&job, &o) : fa_i_run_job(&job, &o);
+    if (job.splits > 1) return fa_i_forward_split(&job, &o);
+    return fa_i_forward_packed(&job, &o);
 }
 
 FA_API fa_status fa_cpu_combine(const fa_combine_params *params, const fa_cpu_options *opt)

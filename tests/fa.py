@@ -80,7 +80,8 @@ class CombineParams(ctypes.Structure):
 
 
 class CpuOptions(ctypes.Structure):
-    _fields_ = [("num_threads", ctypes.c_int), ("order", ctypes.c_int), ("pool", ctypes.c_void_p)]
+    _fields_ = [("num_threads", ctypes.c_int), ("order", ctypes.c_int), ("pool", ctypes.c_void_p),
+                ("pack_bytes", ctypes.c_int64)]
 
 
 def _load(name):
@@ -288,10 +289,11 @@ class Problem:
 
 
 POOL = [None]  # a fa_cpu_pool the CPU backends run on where set (tests of the pool)
+PACK_BYTES = [0]  # fa_cpu_options.pack_bytes of the CPU backends (tests of K/V packing)
 
 
 def _cpu_options(backend, threads):
-    return CpuOptions(threads, 1 if backend == "fa1" else 0, POOL[0])
+    return CpuOptions(threads, 1 if backend == "fa1" else 0, POOL[0], PACK_BYTES[0])
 
 
 def call_forward(backend, p, threads=2):

@@ -176,6 +176,7 @@ static void fz_make(fz_problem *z)
     p->dq_layout = z->dq.layout, p->dk_layout = z->dk.layout, p->dv_layout = z->dv.layout;
     z->opt.num_threads = fz_int(1, 3);
     z->opt.order = z->backward || fz_int(0, 1) ? FA_CPU_ORDER_FA2 : FA_CPU_ORDER_FA1;
+    z->opt.pack_bytes = fz_int(0, 2) == 0 ? -1 : fz_int(0, 1) * fz_int(1, 1 << 20); /* none, default, a cap */
 }
 
 static void fz_free(fz_problem *z)
@@ -194,11 +195,11 @@ static void fz_describe(const fz_problem *z, const char *what, double err)
     const fa_params *p = &z->p;
     printf("FAIL %s (%.3g): B %d Hq %d Hkv %d Nq %d Nk %d d %d dtype %d o_dtype %d scaling %d "
            "scale %g causal %d window %d (%d, %d) softcap %g splits %d threads %d order %d "
-           "backward %d; %s\n",
+           "pack_bytes %lld backward %d; %s\n",
            what, err, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, p->head_dim,
            (int)p->dtype, (int)p->o_dtype, (int)p->fp8_scaling, p->scale, p->causal, p->window,
            p->window_left, p->window_right, p->softcap, p->num_splits, z->opt.num_threads,
-           (int)z->opt.order, z->backward, fa_last_error_detail());
+           (int)z->opt.order, (long long)z->opt.pack_bytes, z->backward, fa_last_error_detail());
 }
 
 /* One valid problem against the reference; 0 when it agrees. */

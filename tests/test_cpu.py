@@ -263,6 +263,52 @@ def no_threads_build_gives_the_same_bits():
     assert all(np.array_equal(a, b) for a, b in zip(grads, grads1))
 
 
+def with_pack_bytes(cap, fn):
+    saved = fa.PACK_BYTES[0]
+    try:
+        fa.PACK_BYTES[0] = cap
+        return fn()
+    finally:
+        fa.PACK_BYTES[0] = saved
+
+
+# Packed K/V (fa_cpu_options.pack_bytes): the query blocks read the same fp32
+# tiles in the same order whether the forward packs them first, packs a few
+# (batch, kv head) pairs at a time, or loads them per block, so the bits
+# agree. Query blocks of at most 4 rows (decode, a short last block) take the
+# packed GEMM instead of dot products with K's rows: there only the
+# reference decides.
+PACK_CASES = [
+    dict(seqlen_q=300, seqlen_k=257, head_dim=64, batch=2, heads_q=6, heads_kv=2, causal=True),
+    dict(seqlen_q=200, seqlen_k=450, head_dim=33, heads_q=4, heads_kv=4, window=(100, 20),
+         dtype="bf16"),
+    dict(seqlen_q=250, seqlen_k=70, head_dim=128, batch=3, heads_q=2, heads_kv=1,
+         layout="padded", dtype="f16", softcap=10.0, amplitude=3.0),
+]
+
+
+def packed_matches_unpacked(cfg):
+    prob = fa.Problem(rng_for("pack" + str(cfg)), **cfg)
+    dp = -(-cfg["head_dim"] // 16) * 16  # FA_I_PAD of the SIMD build
+    pair = 2 * 4 * dp * (-(-cfg["seqlen_k"] // 64) * 64)  # fp32 K^T and V of one pair
+    runs = []
+    for cap in (-1, 0, pair, 2 * pair + 1):  # unpacked, default, one pair a group, two
+        status, o, lse = with_pack_bytes(cap, lambda: prob.forward("fa2", threads=3))
+        assert status == fa.FA_OK, fa.status_name(status)
+        runs.append((o, lse))
+    for o, lse in runs[1:]:
+        assert np.array_equal(o, runs[0][0]) and np.array_equal(lse, runs[0][1], equal_nan=True)
+    with_pack_bytes(pair, lambda: forward_case(backends=("fa2",), **cfg))
+    return f"{len(runs)} caps agree bitwise"
+
+
+for i, cfg in enumerate(PACK_CASES):
+    case(f"packed_matches_unpacked_{i}", packed_matches_unpacked, cfg)
+case("packed_decode_gqa", with_pack_bytes, 1 << 20,
+     lambda: forward_case(backends=("fa2",), seqlen_q=3, seqlen_k=777, head_dim=96, heads_q=8,
+                          heads_kv=2, batch=2, causal=True))
+
+
 for nq, nk in ((1, 33), (47, 17), (100, 130)):
     case(f"small_tiles_fwd_{nq}x{nk}", with_cpu_library, "CPU_SMALL_TILES",
          lambda nq=nq, nk=nk: forward_case(backends=("fa2", "fa1"), heads_q=4, heads_kv=2,

@@ -1861,17 +1861,22 @@ static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int r
     for (r = 0; r < rows; ++r) fa_i_scale_row(x->s + (size_t)r * FA_I_BN, cols, qmul);
     fa_i_scores(p, x->s, FA_I_BN, r0, rows, c0, cols, vis);
     fa_i_gemm(x->dp, FA_I_BN, x->dout, dp, x->vt, FA_I_BN, rows, FA_I_BN, dp, 0);
+    /* Plain loops over a row, so that they vectorize; the exps are
+       fa_i_exp_row's. */
     for (r = 0; r < rows; ++r) {
-        float *srow = x->s + (size_t)r * FA_I_BN, *dprow = x->dp + (size_t)r * FA_I_BN;
-        for (c = 0; c < cols; ++c) {
-            const float prob = fa_i_exp2(srow[c] - x->lse2[r]);
-            float ds = prob * (dprow[c] - x->dsum[r]);
-            if (p->softcap > 0.0f) { /* d(c tanh(x/c))/dx = 1 - tanh^2; 0 where masked */
+        float *FA_RESTRICT srow = x->s + (size_t)r * FA_I_BN;
+        float *FA_RESTRICT dprow = x->dp + (size_t)r * FA_I_BN;
+        const float dsum = x->dsum[r];
+        if (p->softcap > 0.0f) { /* d(c tanh(x/c))/dx = 1 - tanh^2; 0 where masked */
+            for (c = 0; c < cols; ++c) {
                 const float th = srow[c] * inv_cap;
-                ds = prob > 0.0f ? ds * (1.0f - th * th) : 0.0f;
+                dprow[c] = srow[c] > -INFINITY ? (dprow[c] - dsum) * (1.0f - th * th) : 0.0f;
             }
-            srow[c] = prob;
-            dprow[c] = ds;
+            fa_i_exp_row(srow, cols, x->lse2[r]);
+            for (c = 0; c < cols; ++c) dprow[c] *= srow[c];
+        } else {
+            fa_i_exp_row(srow, cols, x->lse2[r]);
+            for (c = 0; c < cols; ++c) dprow[c] = srow[c] * (dprow[c] - dsum);
         }
     }
 }

@@ -28,6 +28,9 @@
        sliding window:  c is masked when c > r + off + window_right (if >= 0)
                                       or c < r + off - window_left  (if >= 0)
      A row with every key masked has O = 0, LSE = -inf, and zero gradients.
+     Non-finite input: a row with allowed keys whose largest score is not
+     finite (NaN, +inf, or all -inf) has O = NaN, LSE = NaN, as a plain
+     softmax gives (GPU: all -inf reads as every key masked).
      GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
      num_splits: keys in chunks merged by LSE (0: the library's choice).
      fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
@@ -443,6 +446,7 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #ifndef FLASHATTN_IMPLEMENTATION_DONE
 #define FLASHATTN_IMPLEMENTATION_DONE
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -842,6 +846,11 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
     if (r.scale == 0.0f) r.scale = 1.0f / sqrtf((float)r.head_dim);
     if (!(r.softcap >= 0.0f) || isinf(r.softcap))
         return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "softcap must be finite and >= 0");
+    /* The kernels scale Q by scale / softcap (and by 1 / softcap in the
+       backward): a float, or every score would be NaN. */
+    if (r.softcap > 0.0f && (r.softcap < FLT_MIN || (double)r.scale / r.softcap > FLT_MAX / 2))
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT,
+                         "softcap %g: below FLT_MIN or scale / softcap past FLT_MAX / 2", r.softcap);
     if (r.num_splits < 0 || r.num_splits > FA_MAX_PARTS)
         return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "num_splits %d is not in 0 .. %d", r.num_splits,
                          FA_MAX_PARTS);
@@ -956,13 +965,15 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #define FA_I_PAD(n) (n)
 #endif
 
-/* 2^x for x <= 0 (exact 0 below -126, including -inf). Cephes exp2f
-   polynomial on [-0.5, 0.5]: under 1 ulp from exp2 over [-126, 0] (a
-   test measures it), the vector form below computing the same operations. */
+/* 2^x for x <= 0 (exact 0 below -126, including -inf; NaN stays NaN, so
+   that a NaN score reaches O). Cephes exp2f polynomial on [-0.5, 0.5]:
+   under 1 ulp from exp2 over [-126, 0] (a test measures it), the vector
+   form below computing the same operations. */
 static float fa_i_exp2(float x)
 {
     float xi, f, poly;
     int keep = x >= -126.0f;
+    if (x != x) return x;
     x = keep ? x : -126.0f;
     xi = floorf(x + 0.5f);
     f = x - xi;
@@ -980,7 +991,7 @@ static float fa_i_exp2(float x)
 static __m256 fa_i_exp2_v(__m256 x)
 {
     const __m256 lowest = _mm256_set1_ps(-126.0f);
-    const __m256 keep = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
+    const __m256 keep = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ), nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     __m256 xi, f, poly;
     x = _mm256_max_ps(x, lowest);
     xi = _mm256_floor_ps(_mm256_add_ps(x, _mm256_set1_ps(0.5f)));
@@ -994,7 +1005,7 @@ static __m256 fa_i_exp2_v(__m256 x)
     poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.0f));
     poly = _mm256_mul_ps(poly, _mm256_castsi256_ps(_mm256_slli_epi32(
                                    _mm256_add_epi32(_mm256_cvtps_epi32(xi), _mm256_set1_epi32(127)), 23)));
-    return _mm256_and_ps(poly, keep);
+    return _mm256_or_ps(_mm256_and_ps(poly, keep), nan); /* all ones: a NaN */
 }
 
 static float fa_i_hsum(__m256 v)
@@ -1602,6 +1613,16 @@ static void fa_i_pack_kv_task(const fa_i_job *job, int task, float *scratch)
                    fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k), fa_i_pages_of(p));
 }
 
+/* Whether query row r may see a key of [c0, c0 + cols): a row with allowed
+   keys whose scores are all -inf or NaN gets O = NaN, LSE = NaN, as a plain
+   softmax gives (the README's "Non-finite input"). */
+static int fa_i_row_sees(const fa_params *p, int r, int c0, int cols)
+{
+    int lo, hi;
+    fa_key_range(p, r, &lo, &hi);
+    return lo < hi && lo < c0 + cols && hi > c0;
+}
+
 static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
@@ -1656,6 +1677,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             const float m_new = fa_i_row_max(srow, cols, m[r]);
             float alpha;
             if (m_new == -INFINITY) { /* nothing visible yet in this row */
+                if (fa_i_row_sees(p, r0 + r, c0, cols)) l[r] = NAN; /* all -inf or NaN */
                 memset(srow, 0, sizeof(float) * cols);
                 continue;
             }
@@ -1667,8 +1689,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
         fa_i_gemm(o, dp, s, FA_I_BN, v, dp, rows, dp, cols, 1);
     }
     for (r = 0; r < rows; ++r) {
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        const float lse = l[r] > 0.0f ? (m[r] + log2f(l[r])) * FA_I_LN2 : -INFINITY;
+        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r]; /* NaN stays NaN */
+        const float lse = l[r] == 0.0f ? -INFINITY : (m[r] + log2f(l[r])) * FA_I_LN2;
         const size_t lse_at = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0 + r;
         if (job->splits > 1) { /* O of these keys, normalized, and its LSE */
             float *part = job->shared + split * fa_i_split_o_floats(p);
@@ -1729,9 +1751,9 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
             for (r = 0; r < rows; ++r) { /* P~ = exp(S - m~), l~ = rowsum(P~) */
                 float *srow = s + (size_t)r * FA_I_BN;
                 m_tile[r] = fa_i_row_max(srow, cols, -INFINITY);
-                if (m_tile[r] == -INFINITY) {
+                if (m_tile[r] == -INFINITY) { /* NaN: all -inf or NaN where keys are allowed */
                     memset(srow, 0, sizeof(float) * cols);
-                    l_tile[r] = 0.0f;
+                    l_tile[r] = fa_i_row_sees(p, r0 + r, c0, cols) ? NAN : 0.0f;
                 } else {
                     l_tile[r] = fa_i_exp_row(srow, cols, m_tile[r]);
                 }
@@ -1741,7 +1763,11 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
                 float *orow = o_state + (size_t)(r0 + r) * d, *pvrow = pv + (size_t)r * dp;
                 const float m_old = m_state[r0 + r];
                 float m_new, w_old, w_tile, l_new;
-                if (m_tile[r] == -INFINITY) continue;
+                if (m_tile[r] == -INFINITY) {
+                    if (l_tile[r] != 0.0f) /* a NaN row */
+                        for (c = 0, l_state[r0 + r] = NAN; c < d; ++c) orow[c] = NAN;
+                    continue;
+                }
                 m_new = m_old > m_tile[r] ? m_old : m_tile[r];
                 w_old = l_state[r0 + r] * fa_i_exp2(m_old - m_new);
                 w_tile = fa_i_exp2(m_tile[r] - m_new);
@@ -1757,7 +1783,7 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
                        p->o_dtype, 1.0f);
         if (p->lse)
             p->lse[((size_t)b * p->heads_q + h) * nq + r] =
-                l_state[r] > 0.0f ? (m_state[r] + log2f(l_state[r])) * FA_I_LN2 : -INFINITY;
+                l_state[r] == 0.0f ? -INFINITY : (m_state[r] + log2f(l_state[r])) * FA_I_LN2;
     }
 }
 
@@ -1963,8 +1989,14 @@ static float fa_i_combine_row(const fa_combine_params *p, int b, int n, int h, f
     const int64_t at = fa_i_offset(&p->part_layout, b, h, n);
     float mx = -INFINITY, sum = 0.0f;
     int i, c;
-    for (i = 0; i < p->num_parts; ++i)
-        if (p->lse_parts[i][lse_at] > mx) mx = p->lse_parts[i][lse_at];
+    for (i = 0; i < p->num_parts; ++i) {
+        const float lse = p->lse_parts[i][lse_at];
+        if (lse != lse) { /* a NaN part makes a NaN row */
+            for (c = 0; c < p->head_dim; ++c) out[c] = NAN;
+            return NAN;
+        }
+        if (lse > mx) mx = lse;
+    }
     memset(out, 0, sizeof(float) * p->head_dim);
     if (mx == -INFINITY) return -INFINITY;
     for (i = 0; i < p->num_parts; ++i) {

@@ -1400,7 +1400,11 @@ static __global__ void __launch_bounds__(FA_I_FA1_THREADS)
                 sp[c] = (c0 + c < lo || c0 + c >= hi) ? -INFINITY : fa_i_score(&p, x);
                 m_tile = fmaxf(m_tile, sp[c]);
             }
-            if (m_tile == -INFINITY) continue;
+            if (m_tile == -INFINITY) { /* allowed keys all -inf or NaN: a NaN row */
+                if (lo < c0 + n && hi > c0 && lo < hi)
+                    for (e = 0; e < d + 2; ++e) st[e] = e == d ? -INFINITY : NAN;
+                continue;
+            }
             for (c = 0; c < n; ++c) {
                 sp[c] = exp2f(sp[c] - m_tile);
                 l_tile += sp[c];
@@ -1423,7 +1427,7 @@ static __global__ void __launch_bounds__(FA_I_FA1_THREADS)
         for (e = 0; e < d; ++e) fa_i_store16(p.o, oo + e, st[e], bf16);
         if (p.lse)
             p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + r] =
-                st[d + 1] > 0.0f ? (st[d] + log2f(st[d + 1])) * FA_I_LN2_F : -INFINITY;
+                st[d + 1] == 0.0f ? -INFINITY : (st[d] + log2f(st[d + 1])) * FA_I_LN2_F;
     }
 }
 #endif /* >> fa1 */
@@ -1636,13 +1640,13 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
             float l = l_run[t], inv;
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv = l > 0.0f ? 1.0f / l : 0.0f;
+            inv = l == 0.0f ? 0.0f : 1.0f / l; /* a NaN l (NaN or +inf scores) stays NaN */
 #pragma unroll
             for (i = 0; i < D / 8; ++i)
                 *(uint32_t *)(sq + FA_I_SMEM_AT(r, i * 8 + 2 * (lane & 3), LD)) =
                     FA_I_PACK(o[t >> 1][i][e] * inv, o[t >> 1][i][e + 1] * inv);
             if ((lane & 3) == 0 && lse && m0 + r < p.seqlen_q)
-                lse[m0 + r] = l > 0.0f ? (m_run[t] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+                lse[m0 + r] = l == 0.0f ? -INFINITY : (m_run[t] + log2f(l)) * FA_I_LN2_F;
         }
         __syncwarp();
 #pragma unroll
@@ -2433,17 +2437,17 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             float l = l_run[i];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[i] = l > 0.0f ? fa_i_dev_rcp(l) : 0.0f;
+            inv[i] = l == 0.0f ? 0.0f : fa_i_dev_rcp(l); /* a NaN l stays NaN */
 #if FA_I_FP8 /* O in units of the last V tile's descale; P was 2^8 too large */
             if (n_first < n_end) inv[i] *= dv[FA_I_KEY_BLOCK(n_end - 1)];
             if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
                 p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
-                    l > 0.0f ? (m_run[i] + fa_i_dev_log2(l) - FA_I_FP8_P_SHIFT) * FA_I_LN2_F
-                             : -INFINITY;
+                    l == 0.0f ? -INFINITY
+                              : (m_run[i] + fa_i_dev_log2(l) - FA_I_FP8_P_SHIFT) * FA_I_LN2_F;
 #else
             if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
                 p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
-                    l > 0.0f ? (m_run[i] + fa_i_dev_log2(l)) * FA_I_LN2_F : -INFINITY;
+                    l == 0.0f ? -INFINITY : (m_run[i] + fa_i_dev_log2(l)) * FA_I_LN2_F;
 #endif
         }
         have = fa_i_fa3_tile(p, k + 1, blocks_m, &mb, &h, &b);
@@ -2798,8 +2802,8 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
 #pragma unroll
     for (e = 0; e < 2; ++e) {
         const int r = my_row + 8 * e, t = r / group, h = hk * group + r % group;
-        const float l = l_run[e], inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const float lse = l > 0.0f ? (m_run[e] + log2f(l)) * FA_I_LN2_F : -INFINITY;
+        const float l = l_run[e], inv = l == 0.0f ? 0.0f : 1.0f / l; /* NaN stays NaN */
+        const float lse = l == 0.0f ? -INFINITY : (m_run[e] + log2f(l)) * FA_I_LN2_F;
         const int64_t lse_at = ((int64_t)b * p.heads_q + h) * p.seqlen_q + t;
         const int write_lse = (lane & 3) == 0 && dpart == 0;
         if (r >= r_end) continue;
@@ -2869,7 +2873,8 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
         sum += w[i];
         if (w[i] > 0.0f && c < p.head_dim) acc += w[i] * fa_i_load_any(a.o[i], at, p.part_dtype);
     }
-    acc = sum > 0.0f ? __fdividef(acc, sum) : 0.0f; /* sum >= 1: its largest weight is 1 */
+    /* sum >= 1 (its largest weight is 1), 0 with no part, NaN with a NaN part */
+    acc = sum == 0.0f ? 0.0f : __fdividef(acc, sum);
     if (c < p.head_dim) {
         const int64_t to = fa_i_dev_offset(&p.o_layout, b, h, n) + c;
         if (p.dtype == FA_DTYPE_F32)
@@ -2878,7 +2883,7 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
             fa_i_store16(p.o, to, acc, p.dtype == FA_DTYPE_BF16);
     }
     __syncwarp(); /* every lane has read the parts' LSE: lse may be lse_parts[0] */
-    if (lane == 0 && c == 0 && p.lse) p.lse[lse_at] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    if (lane == 0 && c == 0 && p.lse) p.lse[lse_at] = sum == 0.0f ? -INFINITY : mx + logf(sum);
 }
 #endif /* >> combine */
 

@@ -46,13 +46,20 @@ def _probs(q, k, scale, causal, window, softcap, keys=None):
         outside[keys[0]:keys[1]] = False
         m = m | outside[None, :]
     x = np.where(m, -np.inf, x)
-    mx = x.max(axis=-1, keepdims=True)
+    mx = x.max(axis=-1, keepdims=True)  # NaN where a score is
+    # A plain softmax's non-finite cases: a row with allowed keys whose
+    # largest score is not finite (NaN, +inf, or all -inf) is NaN; a row with
+    # no allowed key is P = 0, LSE = -inf.
+    poisoned = ~np.isfinite(mx) & ~m.all(axis=-1, keepdims=True)
     safe = np.where(np.isfinite(mx), mx, 0.0)
-    e = np.exp(x - safe)
-    total = e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(x - safe)
+        total = e.sum(axis=-1, keepdims=True)
     p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
-    with np.errstate(divide="ignore"):
+    p = np.where(poisoned, np.nan, p)
+    with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(total[..., 0] > 0, safe[..., 0] + np.log(total[..., 0]), -np.inf)
+    lse = np.where(poisoned[..., 0], np.nan, lse)
     return p, t, lse, x
 
 
@@ -130,8 +137,8 @@ def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
 def combine(o_parts, lse_parts):
     """Merges partial results: per row LSE = log sum_i exp(LSE_i) and
     O = sum_i exp(LSE_i - LSE) O_i, parts with LSE_i = -inf skipped (their O
-    unread); rows with no part left get O = 0, LSE = -inf. O parts [B, N, H,
-    d], LSE parts [B, H, N]."""
+    unread); rows with no part left get O = 0, LSE = -inf; a part with
+    LSE = NaN makes its row NaN. O parts [B, N, H, d], LSE parts [B, H, N]."""
     lse = np.stack([np.asarray(x, np.float64) for x in lse_parts])  # [P, B, H, N]
     mx = lse.max(axis=0)
     safe = np.where(np.isfinite(mx), mx, 0.0)
@@ -145,4 +152,6 @@ def combine(o_parts, lse_parts):
     o = np.divide(o, t, out=np.zeros_like(o), where=t > 0)
     with np.errstate(divide="ignore"):
         out_lse = np.where(total > 0, safe + np.log(np.where(total > 0, total, 1.0)), -np.inf)
-    return o, out_lse
+    nan = np.isnan(lse).any(axis=0)  # [B, H, N]
+    o = np.where(nan.transpose(0, 2, 1)[..., None], np.nan, o)
+    return o, np.where(nan, np.nan, out_lse)

@@ -385,6 +385,9 @@ def exp2_error_under_one_ulp():
         low = np.array([-126.5, -200.0, -np.inf] * 3, np.float32)
         lib.fa_test_exp_row(low.ctypes.data, len(low), 0.0)
         assert not low.any(), low
+        nan = np.full(11, np.nan, np.float32)  # NaN stays NaN (the non-finite policy)
+        lib.fa_test_exp_row(nan.ctypes.data, len(nan), 0.0)
+        assert np.isnan(nan).all(), nan
     assert worst < 1.0, f"exp2 error {worst:.3f} ulp"
     return f"max {worst:.2f} ulp"
 
@@ -574,6 +577,118 @@ def reference_gradient_matches_finite_differences():
             assert np.abs(num - g).max() < 1e-7, f"{cfg}: {np.abs(num - g).max():.3g}"
 
 
+# ---- non-finite input ---------------------------------------------------------
+# The policy (README, "Non-finite input"): a row with allowed keys whose
+# largest score is not finite (a NaN or +inf in Q or K, a scale that
+# overflows, every score -inf) gets O = NaN and LSE = NaN, as a plain
+# softmax gives; a row with no allowed key keeps O = 0, LSE = -inf; NaN or
+# Inf in V reaches O through P V. Outputs start finite (7) here, so that a
+# NaN shows a write.
+
+def _forward_sentinel(prob, backend):
+    t = {"q": prob.tensor("q", prob.q), "k": prob.tensor("k", prob.k),
+         "v": prob.tensor("v", prob.v),
+         "o": prob.tensor("o", np.full((prob.b, prob.nq, prob.hq, prob.d), 7.0))}
+    t["lse"] = np.full((prob.b, prob.hq, prob.nq), 7.0, np.float32)
+    status = fa.call_forward(backend, prob.params(t))
+    assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)}"
+    return t["o"].values(), t["lse"].astype(np.float64)
+
+
+def nonfinite_case(tensor, at, value, backends=("fa2", "fa1", "ref"), **cfg):
+    """Puts value into one element of q, k or v (at = (b, n, h, i)) and
+    checks every backend against the float64 reference, row by row: the
+    same rows NaN (O and LSE), the rest finite and within the usual bound."""
+    prob = fa.Problem(rng_for("nonfinite" + tensor + str(at) + str(cfg)), **cfg)
+    getattr(prob, tensor)[at] = value
+    if tensor == "k" and np.isinf(value):  # every score with that key +inf (or -inf)
+        prob.q[..., at[3]] = np.abs(prob.q[..., at[3]])
+    ref_o, ref_lse = reference.forward(prob.q, prob.k, prob.v, **prob.reference_args())
+    with np.errstate(invalid="ignore"):
+        low_o, _ = reference.forward(prob.q, prob.k, prob.v, precision=np.float32,
+                                     round_p=tensor_core_rounding(prob, backends),
+                                     **prob.reference_args())
+    bad_rows = np.isnan(ref_lse).transpose(0, 2, 1)  # [B, Nq, Hq]
+    bad_o = ~np.isfinite(ref_o)
+    assert bad_rows.any() == (tensor != "v" and value != -np.inf), "rows NaN or not, as planned"
+    for backend in backends:
+        o, lse = _forward_sentinel(prob, backend)
+        assert np.array_equal(np.isnan(lse), np.isnan(ref_lse)), f"{backend}: NaN LSE rows differ"
+        assert np.array_equal(np.isnan(o), np.isnan(ref_o)), f"{backend}: NaN O entries differ"
+        assert np.array_equal(np.isinf(o), np.isinf(ref_o)), f"{backend}: Inf O entries differ"
+        fine = np.isfinite(ref_o)
+        check(backend, np.where(fine, o, 0.0), np.where(fine, ref_o, 0.0),
+              np.where(fine, low_o, 0.0), prob.dtype)
+        check_lse(np.where(np.isnan(lse), 0.0, lse), np.where(np.isnan(ref_lse), 0.0, ref_lse))
+    return f"{int(bad_rows.sum())} of {bad_rows.size} rows NaN"
+
+
+NAN = float("nan")
+for name, tensor, at, value, cfg in (
+        ("nan_in_q", "q", (0, 70, 1, 5), NAN, dict(causal=True)),
+        ("inf_in_q", "q", (1, 50, 0, 0), float("inf"), dict(batch=2, window=(5, 5))),
+        ("nan_in_k_causal_gqa", "k", (0, 40, 1, 3), NAN, dict(heads_q=4, heads_kv=2, causal=True)),
+        ("nan_in_k_bf16", "k", (0, 100, 0, 0), NAN, dict(dtype="bf16", seqlen_k=150)),
+        ("inf_in_k_f16", "k", (0, 9, 0, 7), float("inf"), dict(dtype="f16", seqlen_q=1)),
+        ("minus_inf_in_k", "k", (0, 2, 1, 1), -float("inf"), dict(seqlen_q=3, seqlen_k=200)),
+        ("nan_in_v", "v", (0, 0, 0, 2), NAN, dict(seqlen_k=100)),
+        ("inf_in_v", "v", (0, 0, 1, 4), float("inf"), dict(seqlen_k=100)),
+        ("nan_in_k_split", "k", (0, 130, 0, 0), NAN, dict(seqlen_q=2, seqlen_k=600, num_splits=3)),
+        ("nan_in_k_softcap", "k", (0, 7, 0, 0), NAN, dict(softcap=4.0, causal=True)),
+):
+    cfg.setdefault("seqlen_q", 100)
+    cfg.setdefault("seqlen_k", 90)
+    cfg.setdefault("head_dim", 16)
+    case(f"nonfinite_{name}", nonfinite_case, tensor, at, value, **cfg)
+case("nonfinite_portable_kernels", with_cpu_library, "CPU_PORTABLE",
+     lambda: nonfinite_case("k", (0, 30, 0, 1), NAN, heads_q=2, heads_kv=1, seqlen_q=50,
+                            seqlen_k=70, head_dim=9, causal=True))
+
+
+@test
+def nonfinite_scale_overflow_makes_nan_rows():
+    """scale 3e38: scale * log2(e) overflows fp32, so every score is +-inf or
+    NaN and every row NaN (the float64 reference would not overflow; the
+    policy is about the library's own arithmetic)."""
+    prob = fa.Problem(rng_for("overflow"), seqlen_q=40, seqlen_k=50, head_dim=32, scale=3e38,
+                      causal=True)
+    for backend in ("fa2", "fa1"):
+        o, lse = _forward_sentinel(prob, backend)
+        assert np.isnan(o).all() and np.isnan(lse).all(), backend
+
+
+@test
+def nonfinite_backward_keeps_nan_rows():
+    """The backward from a forward with NaN rows: their dQ rows are NaN; the
+    other head stays finite (rows of the same head that mask the NaN key may
+    see 0 * NaN in dS K, as a plain matmul would)."""
+    prob = fa.Problem(rng_for("nanbwd"), seqlen_q=80, seqlen_k=80, head_dim=16, causal=True)
+    prob.k[0, 50, 0, 3] = NAN
+    status, o, lse = prob.forward("fa2")
+    assert status == fa.FA_OK
+    status, dq, dk, dv = prob.backward(o, lse, "fa2")
+    assert status == fa.FA_OK
+    rows = np.isnan(lse[0, 0])
+    assert rows[50:].all() and not rows[:50].any(), np.flatnonzero(rows)
+    assert np.isnan(dq[0, 50:, 0]).all()
+    assert np.isfinite(dq[0, :, 1]).all() and np.isfinite(dk[0, :, 1]).all()
+
+
+@test
+def nonfinite_combine_keeps_nan_rows():
+    rng = rng_for("nancombine")
+    parts = [rng.standard_normal((1, 6, 2, 8)) for _ in range(3)]
+    lses = [rng.standard_normal((1, 2, 6)) for _ in range(3)]
+    lses[1][0, 1, 4] = NAN
+    status, o, lse = fa.combine("cpu", parts, lses, "f32", "f32")
+    assert status == fa.FA_OK
+    ro, rl = reference.combine(parts, lses)
+    assert np.array_equal(np.isnan(lse), np.isnan(rl)) and np.isnan(lse[0, 1, 4])
+    assert np.array_equal(np.isnan(o), np.isnan(ro)) and np.isnan(o[0, 4, 1]).all()
+    fine = ~np.isnan(ro)
+    assert np.abs(o[fine] - ro[fine]).max() < 1e-5
+
+
 # ---- API surface --------------------------------------------------------------
 
 @test
@@ -702,6 +817,8 @@ BAD_INPUTS = [
     ("scale_negative", _set(scale=-1.0), "FA_ERR_INVALID_ARGUMENT", False),
     ("scale_nan", _set(scale=float("nan")), "FA_ERR_INVALID_ARGUMENT", False),
     ("softcap_inf", _set(softcap=float("inf")), "FA_ERR_INVALID_ARGUMENT", True),
+    ("softcap_denormal", _set(softcap=1e-40), "FA_ERR_INVALID_ARGUMENT", True),
+    ("softcap_past_the_scale", _set(softcap=1e-38, scale=100.0), "FA_ERR_INVALID_ARGUMENT", False),
     ("num_splits_negative", _set(num_splits=-1), "FA_ERR_INVALID_ARGUMENT", False),
     ("num_splits_too_many", _set(num_splits=129), "FA_ERR_INVALID_ARGUMENT", False),
 ]

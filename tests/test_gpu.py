@@ -10,7 +10,7 @@ import numpy as np
 import fa
 import reference
 from harness import case, test, Skip
-from test_cpu import backward_case, combine_case, forward_case, rng_for
+from test_cpu import backward_case, combine_case, forward_case, nonfinite_case, rng_for
 
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 
@@ -273,6 +273,30 @@ for backend, (_, _, _, tested) in CAPPED.items():
         case(f"gpu_smem{kb}_bwd_causal_d{d}", gpu_capped_backward, backend, seqlen_q=130,
              seqlen_k=257, head_dim=d, dtype="f16", causal=True)
     case(f"gpu_smem{kb}_support", gpu_capped_support, backend)
+
+
+# The non-finite policy (test_cpu's nonfinite_case): NaN or +inf scores make
+# NaN rows on every GPU path (FA3 at d = 128, FA2, FA1, decode with splits).
+def gpu_nonfinite(tensor, at, value, **cfg):
+    need_gpu()
+    backends = ("gpu",) + (("gpu_fa2",) if fa.GPU_FA2 else ()) + (("gpu_fa1",) if fa.GPU_FA1 else ())
+    return nonfinite_case(tensor, at, value, backends=backends, **cfg)
+
+
+for name, tensor, at, value, cfg in (
+        ("nan_in_q", "q", (0, 70, 1, 5), float("nan"), dict(causal=True)),
+        ("nan_in_k_gqa", "k", (0, 40, 1, 3), float("nan"), dict(heads_q=4, heads_kv=2, causal=True)),
+        ("inf_in_k", "k", (0, 9, 0, 7), float("inf"), dict(window=(30, 30))),
+        ("minus_inf_in_k", "k", (0, 2, 1, 1), -float("inf"), dict(softcap=5.0)),
+        ("nan_in_v", "v", (0, 0, 0, 2), float("nan"), dict()),
+        ("nan_in_k_decode_split", "k", (0, 2000, 0, 0), float("nan"),
+         dict(seqlen_q=2, seqlen_k=4000, heads_q=8, heads_kv=2, num_splits=4)),
+):
+    for dtype in ("bf16", "f16"):
+        cfg.update(dtype=dtype, head_dim=128)
+        cfg.setdefault("seqlen_q", 150)
+        cfg.setdefault("seqlen_k", 170)
+        case(f"gpu_nonfinite_{name}_{dtype}", gpu_nonfinite, tensor, at, value, **dict(cfg))
 
 
 @test

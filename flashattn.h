@@ -1571,7 +1571,9 @@ static fa_i_query_block fa_i_query_task(const fa_params *p, int task)
     x.b = task / (nqb * p->heads_q);
     x.h = (task / nqb) % p->heads_q;
     x.hk = x.h / (p->heads_q / p->heads_kv);
-    x.r0 = (task % nqb) * FA_I_BM;
+    /* causal: a head's last blocks see the most keys; they go first, so that
+       the threads do not wait on one long task at the end */
+    x.r0 = (p->causal ? nqb - 1 - task % nqb : task % nqb) * FA_I_BM;
     x.rows = p->seqlen_q - x.r0 < FA_I_BM ? p->seqlen_q - x.r0 : FA_I_BM;
     return x;
 }

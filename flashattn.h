@@ -32,6 +32,8 @@
      finite (NaN, +inf, or all -inf) has O = NaN, LSE = NaN, as a plain
      softmax gives (GPU: all -inf reads as every key masked).
      GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
+     head_dim_v (CPU path): V, O, dout and dv rows of another head dim than
+     Q and K (0: the same).
      num_splits: keys in chunks merged by LSE (0: the library's choice).
      fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
      key ranges by their LSE (fa_combine_params).
@@ -158,7 +160,8 @@ typedef struct fa_params {
     int heads_kv;         /* 0 = heads_q; heads_q % heads_kv == 0 (GQA, MQA) */
     int seqlen_q;
     int seqlen_k;
-    int head_dim;
+    int head_dim;         /* of q and k */
+    int head_dim_v;       /* of v, o, dout and dv; 0 = head_dim (another value: CPU path) */
     float scale;          /* 0 = 1/sqrt(head_dim) */
     int causal;           /* nonzero: causal mask, bottom-right aligned */
     int window;           /* nonzero: sliding window of window_left/right keys */
@@ -756,7 +759,7 @@ static fa_i_span fa_i_span_of(const char *name, const void *ptr, const fa_layout
 static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
 {
     const int b = p->batch, nq = p->seqlen_q, nk = p->seqlen_k, hq = p->heads_q, hk = p->heads_kv;
-    const int d = p->head_dim;
+    const int d = p->head_dim, dv = p->head_dim_v;
     const int64_t lse_bytes = (int64_t)b * hq * nq * 4;
     fa_i_span in[8], out[3];
     int ni = 0, no = 0, i, j;
@@ -764,25 +767,25 @@ static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
     const int kb = p->block_table ? p->num_pages : b, kn = p->block_table ? p->page_size : nk;
     in[ni++] = fa_i_span_of("q", p->q, &p->q_layout, b, nq, hq, d, p->dtype);
     in[ni++] = fa_i_span_of("k", p->k, &p->k_layout, kb, kn, hk, d, p->dtype);
-    in[ni++] = fa_i_span_of("v", p->v, &p->v_layout, kb, kn, hk, d, p->dtype);
+    in[ni++] = fa_i_span_of("v", p->v, &p->v_layout, kb, kn, hk, dv, p->dtype);
     if (p->block_table && p->seqlen_new > 0) {
         in[ni++] = fa_i_span_of("k_new", p->k_new, &p->k_new_layout, b, p->seqlen_new, hk, d, p->dtype);
-        in[ni++] = fa_i_span_of("v_new", p->v_new, &p->v_new_layout, b, p->seqlen_new, hk, d, p->dtype);
+        in[ni++] = fa_i_span_of("v_new", p->v_new, &p->v_new_layout, b, p->seqlen_new, hk, dv, p->dtype);
     }
     if (pass == FA_PASS_FORWARD) {
-        out[no++] = fa_i_span_of("o", p->o, &p->o_layout, b, nq, hq, d, p->o_dtype);
+        out[no++] = fa_i_span_of("o", p->o, &p->o_layout, b, nq, hq, dv, p->o_dtype);
         if (p->lse) {
             out[no].name = "lse", out[no].lo = (uintptr_t)p->lse;
             out[no].hi = out[no].lo + (uintptr_t)lse_bytes, ++no;
         }
     } else {
-        in[ni++] = fa_i_span_of("o", p->o, &p->o_layout, b, nq, hq, d, p->dtype);
-        in[ni++] = fa_i_span_of("dout", p->dout, &p->dout_layout, b, nq, hq, d, p->dtype);
+        in[ni++] = fa_i_span_of("o", p->o, &p->o_layout, b, nq, hq, dv, p->dtype);
+        in[ni++] = fa_i_span_of("dout", p->dout, &p->dout_layout, b, nq, hq, dv, p->dtype);
         in[ni].name = "lse", in[ni].lo = (uintptr_t)p->lse;
         in[ni].hi = in[ni].lo + (uintptr_t)lse_bytes, ++ni;
         out[no++] = fa_i_span_of("dq", p->dq, &p->dq_layout, b, nq, hq, d, p->dtype);
         out[no++] = fa_i_span_of("dk", p->dk, &p->dk_layout, b, nk, hk, d, p->dtype);
-        out[no++] = fa_i_span_of("dv", p->dv, &p->dv_layout, b, nk, hk, d, p->dtype);
+        out[no++] = fa_i_span_of("dv", p->dv, &p->dv_layout, b, nk, hk, dv, p->dtype);
     }
     for (i = 0; i < no; ++i) {
         for (j = 0; j < ni; ++j)
@@ -831,8 +834,12 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
                          "batch %d, heads_q %d, heads_kv %d, seqlen_q %d, seqlen_k %d, "
                          "head_dim %d: each must be positive (heads_kv may be 0)",
                          r.batch, r.heads_q, r.heads_kv, r.seqlen_q, r.seqlen_k, r.head_dim);
-    if (r.head_dim > FA_MAX_HEAD_DIM)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d > %d", r.head_dim, FA_MAX_HEAD_DIM);
+    if (r.head_dim_v == 0) r.head_dim_v = r.head_dim;
+    if (r.head_dim_v < 0)
+        return fa_i_fail(FA_ERR_INVALID_SIZE, "head_dim_v %d is negative", r.head_dim_v);
+    if (r.head_dim > FA_MAX_HEAD_DIM || r.head_dim_v > FA_MAX_HEAD_DIM)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d, head_dim_v %d: each must be <= %d",
+                         r.head_dim, r.head_dim_v, FA_MAX_HEAD_DIM);
     if (r.seqlen_q > FA_MAX_SEQLEN || r.seqlen_k > FA_MAX_SEQLEN)
         return fa_i_fail(FA_ERR_INVALID_SIZE, "%s %d > FA_MAX_SEQLEN (%d)",
                          r.seqlen_q > FA_MAX_SEQLEN ? "seqlen_q" : "seqlen_k",
@@ -877,34 +884,34 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
         if ((s = fa_i_check_layout(&r.k_layout, "k_layout", r.num_pages, r.page_size, r.heads_kv,
                                    r.head_dim)) != FA_OK ||
             (s = fa_i_check_layout(&r.v_layout, "v_layout", r.num_pages, r.page_size, r.heads_kv,
-                                   r.head_dim)) != FA_OK)
+                                   r.head_dim_v)) != FA_OK)
             return s;
         if (r.seqlen_new > 0 &&
             ((s = fa_i_check_layout(&r.k_new_layout, "k_new_layout", r.batch, r.seqlen_new,
                                     r.heads_kv, r.head_dim)) != FA_OK ||
              (s = fa_i_check_layout(&r.v_new_layout, "v_new_layout", r.batch, r.seqlen_new,
-                                    r.heads_kv, r.head_dim)) != FA_OK))
+                                    r.heads_kv, r.head_dim_v)) != FA_OK))
             return s;
     } else if (r.cache_seqlens || r.k_new || r.v_new) {
         return fa_i_fail(FA_ERR_NULL_POINTER, "cache_seqlens, k_new and v_new need a block_table");
     }
     /* varlen: strides checked here for one sequence, and for the packed
        totals where the offsets are read (fa_i_varlen_check) */
-#define FA_I_CHECK(field, seq, heads)                                                        \
+#define FA_I_CHECK(field, seq, heads, dim)                                                   \
     if ((s = fa_i_check_layout(&r.field, #field, r.cu_seqlens_q ? 1 : r.batch, r.seq, r.heads, \
-                               r.head_dim)) != FA_OK)                                        \
+                               r.dim)) != FA_OK)                                             \
         return s;
-    FA_I_CHECK(q_layout, seqlen_q, heads_q)
+    FA_I_CHECK(q_layout, seqlen_q, heads_q, head_dim)
     if (!r.block_table) { /* paged caches: checked above as pages */
-        FA_I_CHECK(k_layout, seqlen_k, heads_kv)
-        FA_I_CHECK(v_layout, seqlen_k, heads_kv)
+        FA_I_CHECK(k_layout, seqlen_k, heads_kv, head_dim)
+        FA_I_CHECK(v_layout, seqlen_k, heads_kv, head_dim_v)
     }
-    FA_I_CHECK(o_layout, seqlen_q, heads_q)
+    FA_I_CHECK(o_layout, seqlen_q, heads_q, head_dim_v)
     if (pass == FA_PASS_BACKWARD) {
-        FA_I_CHECK(dout_layout, seqlen_q, heads_q)
-        FA_I_CHECK(dq_layout, seqlen_q, heads_q)
-        FA_I_CHECK(dk_layout, seqlen_k, heads_kv)
-        FA_I_CHECK(dv_layout, seqlen_k, heads_kv)
+        FA_I_CHECK(dout_layout, seqlen_q, heads_q, head_dim_v)
+        FA_I_CHECK(dq_layout, seqlen_q, heads_q, head_dim)
+        FA_I_CHECK(dk_layout, seqlen_k, heads_kv, head_dim)
+        FA_I_CHECK(dv_layout, seqlen_k, heads_kv, head_dim_v)
     }
 #undef FA_I_CHECK
     if (!r.cu_seqlens_q && (s = fa_i_check_aliasing(&r, pass)) != FA_OK) return s;
@@ -1583,7 +1590,7 @@ static fa_i_query_block fa_i_query_task(const fa_params *p, int task)
    splits * B * Nq * Hq * d + i * B * Hq * Nq. */
 static size_t fa_i_split_o_floats(const fa_params *p)
 {
-    return (size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim;
+    return (size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim_v;
 }
 
 /* Packed K/V (FA_CPU_PACK_BYTES): where several query blocks read each K/V
@@ -1593,7 +1600,7 @@ static size_t fa_i_split_o_floats(const fa_params *p)
    gathering, converting and transposing rows that sit a page apart. */
 static size_t fa_i_pack_tile_floats(const fa_params *p)
 {
-    return (size_t)2 * FA_I_PAD(p->head_dim) * FA_I_BN;
+    return (size_t)(FA_I_PAD(p->head_dim) + FA_I_PAD(p->head_dim_v)) * FA_I_BN;
 }
 
 static size_t fa_i_pack_pair_floats(const fa_params *p)
@@ -1611,8 +1618,9 @@ static void fa_i_pack_kv_task(const fa_i_job *job, int task, float *scratch)
     float *kt = job->packed + (size_t)task * fa_i_pack_tile_floats(p), *v = kt + (size_t)dp * FA_I_BN;
     if (!fa_i_tile_visibility(p, 0, p->seqlen_q, c0, c0 + cols)) return; /* no row sees it */
     fa_i_load_kt(kt, dp, scratch, p, b, hk, c0, cols);
-    fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, p->head_dim, p->dtype, 1.0f,
-                   fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k), fa_i_pages_of(p));
+    fa_i_load_tile(v, FA_I_PAD(p->head_dim_v), p->v, &p->v_layout, b, hk, c0, cols, p->head_dim_v,
+                   p->dtype, 1.0f, fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
+                   fa_i_pages_of(p));
 }
 
 /* Whether query row r may see a key of [c0, c0 + cols): a row with allowed
@@ -1630,16 +1638,16 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     const fa_params *p = job->p;
     const int split = (task += job->first_task) % job->splits;
     const fa_i_query_block blk = fa_i_query_task(p, task / job->splits);
-    const int d = p->head_dim, dp = FA_I_PAD(d), b = blk.b, h = blk.h, hk = blk.hk;
-    const int r0 = blk.r0, rows = blk.rows;
+    const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
+    const int b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     float *q = scratch, *kt = q + FA_I_BM * dp, *v = kt + (size_t)dp * FA_I_BN;
-    float *s = v + (size_t)FA_I_BN * dp, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * dp;
+    float *s = v + (size_t)FA_I_BN * dvp, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * dvp;
     float *l = m + FA_I_BM, *krow = l + FA_I_BM;
     int lo, hi, c0, c_end, r, c;
 
     fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p),
                    fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q), fa_i_dense);
-    memset(o, 0, sizeof(float) * rows * dp);
+    memset(o, 0, sizeof(float) * rows * dvp);
     for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
     { /* this split's share of the key blocks the rows see */
@@ -1670,7 +1678,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
         }
         if (!job->packed)
-            fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+            fa_i_load_tile(v, dvp, p->v, &p->v_layout, b, hk, c0, cols, dv, p->dtype, 1.0f,
                            fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
                            fa_i_pages_of(p));
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
@@ -1686,9 +1694,9 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             alpha = fa_i_exp2(m[r] - m_new);
             l[r] = l[r] * alpha + fa_i_exp_row(srow, cols, m_new);
             m[r] = m_new;
-            if (alpha != 1.0f) fa_i_scale_row(o + (size_t)r * dp, d, alpha);
+            if (alpha != 1.0f) fa_i_scale_row(o + (size_t)r * dvp, dv, alpha);
         }
-        fa_i_gemm(o, dp, s, FA_I_BN, v, dp, rows, dp, cols, 1);
+        fa_i_gemm(o, dvp, s, FA_I_BN, v, dvp, rows, dvp, cols, 1);
     }
     for (r = 0; r < rows; ++r) {
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r]; /* NaN stays NaN */
@@ -1698,12 +1706,12 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             float *part = job->shared + split * fa_i_split_o_floats(p);
             float *part_lse = job->shared + job->splits * fa_i_split_o_floats(p) +
                               split * (size_t)p->batch * p->heads_q * p->seqlen_q;
-            const size_t row = (((size_t)b * p->seqlen_q + r0 + r) * p->heads_q + h) * d;
-            for (c = 0; c < d; ++c) part[row + c] = o[(size_t)r * dp + c] * inv;
+            const size_t row = (((size_t)b * p->seqlen_q + r0 + r) * p->heads_q + h) * dv;
+            for (c = 0; c < dv; ++c) part[row + c] = o[(size_t)r * dvp + c] * inv;
             part_lse[lse_at] = lse;
             continue;
         }
-        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * dp, d,
+        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * dvp, dv,
                        p->o_dtype, inv);
         if (p->lse) p->lse[lse_at] = lse;
     }
@@ -1711,8 +1719,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 
 static size_t fa_i_forward_fa2_scratch(const fa_params *p)
 {
-    const size_t dp = (size_t)FA_I_PAD(p->head_dim);
-    return 2 * FA_I_BM * dp + 2 * dp * FA_I_BN + FA_I_BM * FA_I_BN + 2 * FA_I_BM + dp;
+    const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
+    return FA_I_BM * (dp + dvp) + (dp + dvp) * FA_I_BN + FA_I_BM * FA_I_BN + 2 * FA_I_BM + dp;
 }
 
 /* ---- forward, FA1 order ---------------------------------------------------
@@ -1723,22 +1731,23 @@ static size_t fa_i_forward_fa2_scratch(const fa_params *p)
 static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const int d = p->head_dim, dp = FA_I_PAD(d), nq = p->seqlen_q;
+    const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
+    const int nq = p->seqlen_q;
     const int b = task / p->heads_q, h = task % p->heads_q;
     const int hk = h / (p->heads_q / p->heads_kv);
     /* o_state, m_state, l_state stand in for the O, m, l arrays in HBM. */
-    float *o_state = scratch, *m_state = o_state + (size_t)nq * d, *l_state = m_state + nq;
+    float *o_state = scratch, *m_state = o_state + (size_t)nq * dv, *l_state = m_state + nq;
     float *q = l_state + nq, *kt = q + FA_I_BM * dp, *v = kt + (size_t)dp * FA_I_BN;
-    float *s = v + (size_t)FA_I_BN * dp, *pv = s + FA_I_BM * FA_I_BN, *m_tile = pv + FA_I_BM * dp;
+    float *s = v + (size_t)FA_I_BN * dvp, *pv = s + FA_I_BM * FA_I_BN, *m_tile = pv + FA_I_BM * dvp;
     float *l_tile = m_tile + FA_I_BM, *krow = l_tile + FA_I_BM;
     int c0, r0, r, c;
 
-    memset(o_state, 0, sizeof(float) * nq * d);
+    memset(o_state, 0, sizeof(float) * nq * dv);
     for (r = 0; r < nq; ++r) { m_state[r] = -INFINITY; l_state[r] = 0.0f; }
     for (c0 = 0; c0 < p->seqlen_k; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
-        fa_i_load_tile(v, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+        fa_i_load_tile(v, dvp, p->v, &p->v_layout, b, hk, c0, cols, dv, p->dtype, 1.0f,
                        fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
                        fa_i_pages_of(p));
         for (r0 = 0; r0 < nq; r0 += FA_I_BM) {
@@ -1760,28 +1769,28 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
                     l_tile[r] = fa_i_exp_row(srow, cols, m_tile[r]);
                 }
             }
-            fa_i_gemm(pv, dp, s, FA_I_BN, v, dp, rows, dp, cols, 0);
+            fa_i_gemm(pv, dvp, s, FA_I_BN, v, dvp, rows, dvp, cols, 0);
             for (r = 0; r < rows; ++r) { /* merge with the carried, normalized state */
-                float *orow = o_state + (size_t)(r0 + r) * d, *pvrow = pv + (size_t)r * dp;
+                float *orow = o_state + (size_t)(r0 + r) * dv, *pvrow = pv + (size_t)r * dvp;
                 const float m_old = m_state[r0 + r];
                 float m_new, w_old, w_tile, l_new;
                 if (m_tile[r] == -INFINITY) {
                     if (l_tile[r] != 0.0f) /* a NaN row */
-                        for (c = 0, l_state[r0 + r] = NAN; c < d; ++c) orow[c] = NAN;
+                        for (c = 0, l_state[r0 + r] = NAN; c < dv; ++c) orow[c] = NAN;
                     continue;
                 }
                 m_new = m_old > m_tile[r] ? m_old : m_tile[r];
                 w_old = l_state[r0 + r] * fa_i_exp2(m_old - m_new);
                 w_tile = fa_i_exp2(m_tile[r] - m_new);
                 l_new = w_old + w_tile * l_tile[r];
-                for (c = 0; c < d; ++c) orow[c] = (w_old * orow[c] + w_tile * pvrow[c]) / l_new;
+                for (c = 0; c < dv; ++c) orow[c] = (w_old * orow[c] + w_tile * pvrow[c]) / l_new;
                 m_state[r0 + r] = m_new;
                 l_state[r0 + r] = l_new;
             }
         }
     }
     for (r = 0; r < nq; ++r) {
-        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r), o_state + (size_t)r * d, d,
+        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r), o_state + (size_t)r * dv, dv,
                        p->o_dtype, 1.0f);
         if (p->lse)
             p->lse[((size_t)b * p->heads_q + h) * nq + r] =
@@ -1791,8 +1800,9 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
 
 static size_t fa_i_forward_fa1_scratch(const fa_params *p)
 {
-    const size_t d = (size_t)p->head_dim, dp = (size_t)FA_I_PAD(p->head_dim);
-    return (size_t)p->seqlen_q * (d + 2) + 2 * FA_I_BM * dp + 2 * dp * FA_I_BN +
+    const size_t dv = (size_t)p->head_dim_v, dp = (size_t)FA_I_PAD(p->head_dim);
+    const size_t dvp = (size_t)FA_I_PAD(p->head_dim_v);
+    return (size_t)p->seqlen_q * (dv + 2) + FA_I_BM * (dp + dvp) + (dp + dvp) * FA_I_BN +
            FA_I_BM * FA_I_BN + 2 * FA_I_BM + dp;
 }
 
@@ -1810,29 +1820,31 @@ typedef struct fa_i_bwd_scratch {
     float *q, *dout, *k, *kt, *vt, *s, *dp, *t, *acc, *acc2, *lse2, *dsum, *row;
 } fa_i_bwd_scratch;
 
-/* Rows of dp = FA_I_PAD(d) floats: q, dout [BM][dp]; k [BN][dp]; kt, vt
-   [dp][BN]; s, dp [BM][BN]; t [BN][max(BM, dp)] (P^T, dS^T or V rows);
-   acc, acc2 [max(BM, BN)][dp], [BN][dp]. */
-static fa_i_bwd_scratch fa_i_bwd_carve(float *w, int d)
+/* Rows of dp = FA_I_PAD(d) and dvp = FA_I_PAD(dv) floats: q [BM][dp], dout
+   [BM][dvp]; k [BN][dp]; kt [dp][BN], vt [dvp][BN]; s, dp [BM][BN]; t
+   [BN][max(BM, dvp)] (P^T, dS^T, V rows or one dO row); acc [max(BM, BN)][dp]
+   (dQ or dK), acc2 [BN][dvp] (dV); row [max(dp, dvp)]. The carve and the
+   size come from one function. */
+static size_t fa_i_bwd_carve(float *w, const fa_params *p, fa_i_bwd_scratch *x)
 {
-    fa_i_bwd_scratch x;
-    const size_t dp = (size_t)FA_I_PAD(d), bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
-    const size_t t_cols = FA_I_BM > dp ? FA_I_BM : dp;
-    x.q = w; x.dout = x.q + FA_I_BM * dp; x.k = x.dout + FA_I_BM * dp;
-    x.kt = x.k + FA_I_BN * dp; x.vt = x.kt + FA_I_BN * dp;
-    x.s = x.vt + FA_I_BN * dp; x.dp = x.s + FA_I_BM * FA_I_BN; x.t = x.dp + FA_I_BM * FA_I_BN;
-    x.acc = x.t + FA_I_BN * t_cols; x.acc2 = x.acc + bmn * dp; x.lse2 = x.acc2 + FA_I_BN * dp;
-    x.dsum = x.lse2 + FA_I_BM; x.row = x.dsum + FA_I_BM;
-    return x;
+    const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
+    const size_t bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
+    const size_t t_cols = FA_I_BM > dvp ? FA_I_BM : dvp, row = dp > dvp ? dp : dvp;
+    const size_t at_dout = FA_I_BM * dp, at_k = at_dout + FA_I_BM * dvp, at_kt = at_k + FA_I_BN * dp;
+    const size_t at_vt = at_kt + FA_I_BN * dp, at_s = at_vt + FA_I_BN * dvp;
+    const size_t at_dp = at_s + FA_I_BM * FA_I_BN, at_t = at_dp + FA_I_BM * FA_I_BN;
+    const size_t at_acc = at_t + FA_I_BN * t_cols, at_acc2 = at_acc + bmn * dp;
+    const size_t at_lse2 = at_acc2 + FA_I_BN * dvp, at_dsum = at_lse2 + FA_I_BM;
+    const size_t at_row = at_dsum + FA_I_BM;
+    if (x) {
+        x->q = w; x->dout = w + at_dout; x->k = w + at_k; x->kt = w + at_kt; x->vt = w + at_vt;
+        x->s = w + at_s; x->dp = w + at_dp; x->t = w + at_t; x->acc = w + at_acc;
+        x->acc2 = w + at_acc2; x->lse2 = w + at_lse2; x->dsum = w + at_dsum; x->row = w + at_row;
+    }
+    return at_row + row;
 }
 
-static size_t fa_i_backward_scratch(const fa_params *p)
-{
-    const size_t dp = (size_t)FA_I_PAD(p->head_dim), bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
-    const size_t t_cols = FA_I_BM > dp ? FA_I_BM : dp;
-    return 2 * FA_I_BM * dp + 3 * FA_I_BN * dp + 2 * FA_I_BM * FA_I_BN + FA_I_BN * t_cols +
-           bmn * dp + FA_I_BN * dp + 2 * FA_I_BM + dp;
-}
+static size_t fa_i_backward_scratch(const fa_params *p) { return fa_i_bwd_carve(NULL, p, NULL); }
 
 /* dst[dp][FA_CPU_BLOCK_N] = src[cols][dp] transposed, key columns past cols zero. */
 static void fa_i_transpose_keys(float *dst, const float *src, int dp, int cols)
@@ -1850,11 +1862,10 @@ static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, 
     const fa_params *p = job->p;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
     int r;
-    const int dp = FA_I_PAD(p->head_dim);
-    fa_i_load_tile(x->q, dp, p->q, &p->q_layout, b, h, r0, rows, p->head_dim, p->dtype, 1.0f,
-                   fa_i_no_descale, fa_i_dense);
-    fa_i_load_tile(x->dout, dp, p->dout, &p->dout_layout, b, h, r0, rows, p->head_dim, p->dtype,
-                   1.0f, fa_i_no_descale, fa_i_dense);
+    fa_i_load_tile(x->q, FA_I_PAD(p->head_dim), p->q, &p->q_layout, b, h, r0, rows, p->head_dim,
+                   p->dtype, 1.0f, fa_i_no_descale, fa_i_dense);
+    fa_i_load_tile(x->dout, FA_I_PAD(p->head_dim_v), p->dout, &p->dout_layout, b, h, r0, rows,
+                   p->head_dim_v, p->dtype, 1.0f, fa_i_no_descale, fa_i_dense);
     for (r = 0; r < rows; ++r) {
         /* A fully masked row has LSE = -inf; +inf makes its P = 2^(-inf) = 0. */
         const float lse = p->lse[lse_base + r];
@@ -1867,13 +1878,13 @@ static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, 
 static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, int hk, int c0,
                                int cols)
 {
-    const int d = p->head_dim, dp = FA_I_PAD(d);
+    const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
     fa_i_load_tile(x->k, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
                    fa_i_no_descale, fa_i_dense);
     fa_i_transpose_keys(x->kt, x->k, dp, cols);
-    fa_i_load_tile(x->t, dp, p->v, &p->v_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
+    fa_i_load_tile(x->t, dvp, p->v, &p->v_layout, b, hk, c0, cols, dv, p->dtype, 1.0f,
                    fa_i_no_descale, fa_i_dense);
-    fa_i_transpose_keys(x->vt, x->t, dp, cols);
+    fa_i_transpose_keys(x->vt, x->t, dvp, cols);
 }
 
 /* Recomputes a tile: x->s becomes P and x->dp becomes dS (including the
@@ -1881,14 +1892,14 @@ static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, i
 static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int rows, int c0,
                           int cols, int vis)
 {
-    const int dp = FA_I_PAD(p->head_dim);
+    const int dp = FA_I_PAD(p->head_dim), dvp = FA_I_PAD(p->head_dim_v);
     const float qmul = fa_i_q_multiplier(p);
     const float inv_cap = p->softcap > 0.0f ? 1.0f / (p->softcap * FA_I_LOG2E) : 0.0f;
     int r, c;
     fa_i_gemm(x->s, FA_I_BN, x->q, dp, x->kt, FA_I_BN, rows, FA_I_BN, dp, 0);
     for (r = 0; r < rows; ++r) fa_i_scale_row(x->s + (size_t)r * FA_I_BN, cols, qmul);
     fa_i_scores(p, x->s, FA_I_BN, r0, rows, c0, cols, vis);
-    fa_i_gemm(x->dp, FA_I_BN, x->dout, dp, x->vt, FA_I_BN, rows, FA_I_BN, dp, 0);
+    fa_i_gemm(x->dp, FA_I_BN, x->dout, dvp, x->vt, FA_I_BN, rows, FA_I_BN, dvp, 0);
     /* Plain loops over a row, so that they vectorize; the exps are
        fa_i_exp_row's. */
     for (r = 0; r < rows; ++r) {
@@ -1913,18 +1924,19 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
     const fa_i_query_block blk = fa_i_query_task(p, task);
-    const int d = p->head_dim, dp = FA_I_PAD(d), b = blk.b, h = blk.h, hk = blk.hk;
-    const int r0 = blk.r0, rows = blk.rows;
+    const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, b = blk.b, h = blk.h;
+    const int hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
-    fa_i_bwd_scratch x = fa_i_bwd_carve(scratch, d);
+    fa_i_bwd_scratch x;
     int lo, hi, c0, r, c;
 
+    fa_i_bwd_carve(scratch, p, &x);
     for (r = 0; r < rows; ++r) { /* D = rowsum(dO * O), kept for the dK/dV pass */
         float sum = 0.0f;
-        fa_i_load_row(x.row, p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), d, p->dtype, 1.0f);
-        fa_i_load_row(x.acc, p->dout, fa_i_offset(&p->dout_layout, b, h, r0 + r), d, p->dtype,
+        fa_i_load_row(x.row, p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), dv, p->dtype, 1.0f);
+        fa_i_load_row(x.t, p->dout, fa_i_offset(&p->dout_layout, b, h, r0 + r), dv, p->dtype,
                       1.0f);
-        for (c = 0; c < d; ++c) sum += x.row[c] * x.acc[c];
+        for (c = 0; c < dv; ++c) sum += x.row[c] * x.t[c];
         job->shared[lse_base + r] = sum;
     }
     fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
@@ -1946,17 +1958,19 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
 static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const int d = p->head_dim, dp = FA_I_PAD(d), nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
+    const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
+    const int nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
     const int b = task / (nkb * p->heads_kv), hk = (task / nkb) % p->heads_kv;
     const int group = p->heads_q / p->heads_kv;
     const int c0 = (task % nkb) * FA_I_BN;
     const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
-    fa_i_bwd_scratch x = fa_i_bwd_carve(scratch, d);
+    fa_i_bwd_scratch x;
     int h, r0, r;
 
+    fa_i_bwd_carve(scratch, p, &x);
     fa_i_bwd_load_keys(p, &x, b, hk, c0, cols);
-    memset(x.acc, 0, sizeof(float) * FA_I_BN * dp);  /* dK */
-    memset(x.acc2, 0, sizeof(float) * FA_I_BN * dp); /* dV */
+    memset(x.acc, 0, sizeof(float) * FA_I_BN * dp);   /* dK */
+    memset(x.acc2, 0, sizeof(float) * FA_I_BN * dvp); /* dV */
     for (h = hk * group; h < (hk + 1) * group; ++h)
         for (r0 = 0; r0 < p->seqlen_q; r0 += FA_I_BM) {
             const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
@@ -1965,15 +1979,15 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
             fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
             fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
             fa_i_transpose(x.t, FA_I_BM, x.s, FA_I_BN, rows, cols);
-            fa_i_gemm(x.acc2, dp, x.t, FA_I_BM, x.dout, dp, cols, dp, rows, 1);
+            fa_i_gemm(x.acc2, dvp, x.t, FA_I_BM, x.dout, dvp, cols, dvp, rows, 1);
             fa_i_transpose(x.t, FA_I_BM, x.dp, FA_I_BN, rows, cols);
             fa_i_gemm(x.acc, dp, x.t, FA_I_BM, x.q, dp, cols, dp, rows, 1);
         }
     for (r = 0; r < cols; ++r) {
         fa_i_store_row(p->dk, fa_i_offset(&p->dk_layout, b, hk, c0 + r), x.acc + (size_t)r * dp,
                        d, p->dtype, p->scale);
-        fa_i_store_row(p->dv, fa_i_offset(&p->dv_layout, b, hk, c0 + r), x.acc2 + (size_t)r * dp,
-                       d, p->dtype, 1.0f);
+        fa_i_store_row(p->dv, fa_i_offset(&p->dv_layout, b, hk, c0 + r), x.acc2 + (size_t)r * dvp,
+                       dv, p->dtype, 1.0f);
     }
 }
 
@@ -2094,7 +2108,7 @@ static fa_status fa_i_forward_split(fa_i_job *job, const fa_cpu_options *o)
     s = fa_i_run_job(job, o);
     memset(&c, 0, sizeof c);
     c.num_parts = job->splits;
-    c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim;
+    c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim_v;
     c.part_dtype = FA_DTYPE_F32;
     for (i = 0; i < job->splits; ++i) {
         o_parts[i] = job->shared + i * o_floats;
@@ -2175,19 +2189,19 @@ static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_
     whole.batch = 1;
     whole.seqlen_q = *total_q > 0 ? *total_q : 1;
     whole.seqlen_k = *total_k > 0 ? *total_k : 1;
-#define FA_I_CHECK(field, seq, heads)                                                        \
+#define FA_I_CHECK(field, seq, heads, dim)                                                   \
     if ((s = fa_i_check_layout(&whole.field, #field, 1, whole.seq, whole.heads,             \
-                               whole.head_dim)) != FA_OK)                                    \
+                               whole.dim)) != FA_OK)                                         \
         return s;
-    FA_I_CHECK(q_layout, seqlen_q, heads_q)
-    FA_I_CHECK(k_layout, seqlen_k, heads_kv)
-    FA_I_CHECK(v_layout, seqlen_k, heads_kv)
-    FA_I_CHECK(o_layout, seqlen_q, heads_q)
+    FA_I_CHECK(q_layout, seqlen_q, heads_q, head_dim)
+    FA_I_CHECK(k_layout, seqlen_k, heads_kv, head_dim)
+    FA_I_CHECK(v_layout, seqlen_k, heads_kv, head_dim_v)
+    FA_I_CHECK(o_layout, seqlen_q, heads_q, head_dim_v)
     if (pass == FA_PASS_BACKWARD) {
-        FA_I_CHECK(dout_layout, seqlen_q, heads_q)
-        FA_I_CHECK(dq_layout, seqlen_q, heads_q)
-        FA_I_CHECK(dk_layout, seqlen_k, heads_kv)
-        FA_I_CHECK(dv_layout, seqlen_k, heads_kv)
+        FA_I_CHECK(dout_layout, seqlen_q, heads_q, head_dim_v)
+        FA_I_CHECK(dq_layout, seqlen_q, heads_q, head_dim)
+        FA_I_CHECK(dk_layout, seqlen_k, heads_kv, head_dim)
+        FA_I_CHECK(dv_layout, seqlen_k, heads_kv, head_dim_v)
     }
 #undef FA_I_CHECK
     return fa_i_check_aliasing(&whole, pass);
@@ -2250,19 +2264,20 @@ static fa_status fa_i_run_varlen(const fa_params *p, fa_pass pass, const fa_cpu_
             if (nq == 0 || nk == 0) {
                 fa_i_zero_rows(seq.dq, &p->dq_layout, p->dtype, hq, d, 0, nq);
                 fa_i_zero_rows(seq.dk, &p->dk_layout, p->dtype, p->heads_kv, d, 0, span_k);
-                fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, d, 0, span_k);
+                fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, p->head_dim_v, 0,
+                               span_k);
                 continue;
             }
             for (h = 0; h < hq; ++h)
                 for (r = 0; r < nq; ++r) lse[h * nq + r] = p->lse[(int64_t)h * total_q + q0 + r];
             s = fa_cpu_backward(&seq, opt);
             fa_i_zero_rows(seq.dk, &p->dk_layout, p->dtype, p->heads_kv, d, nk, span_k);
-            fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, d, nk, span_k);
+            fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, p->head_dim_v, nk, span_k);
             continue;
         }
         if (nq == 0) continue;
         if (nk == 0) {
-            fa_i_zero_rows(seq.o, &p->o_layout, p->o_dtype, hq, d, 0, nq);
+            fa_i_zero_rows(seq.o, &p->o_layout, p->o_dtype, hq, p->head_dim_v, 0, nq);
         } else {
             if ((s = fa_cpu_forward(&seq, opt)) != FA_OK) break;
         }
@@ -2303,7 +2318,6 @@ static fa_status fa_i_paged_check(const fa_params *p)
 /* k_new, v_new rows into their pages at each sequence's cache length. */
 static void fa_i_paged_append(const fa_params *p)
 {
-    const size_t bytes = (size_t)p->head_dim * fa_dtype_size(p->dtype);
     const int64_t es = (int64_t)fa_dtype_size(p->dtype);
     int b, h, r, t;
     for (b = 0; b < p->batch; ++b) {
@@ -2318,7 +2332,8 @@ static void fa_i_paged_append(const fa_params *p)
                     char *cache = (char *)(t ? p->v : p->k);
                     const char *src = (const char *)(t ? p->v_new : p->k_new);
                     memcpy(cache + fa_i_row_at(cl, pg, 0, h, p->cache_seqlens[b] + r) * es,
-                           src + fa_i_offset(nl, b, h, r) * es, bytes);
+                           src + fa_i_offset(nl, b, h, r) * es,
+                           (size_t)(t ? p->head_dim_v : p->head_dim) * es);
                 }
     }
 }
@@ -2343,7 +2358,7 @@ static fa_status fa_i_run_paged(const fa_params *p, const fa_cpu_options *o)
         seq.o = (char *)p->o + b * p->o_layout.batch * oes;
         seq.lse = p->lse ? p->lse + (int64_t)b * p->heads_q * p->seqlen_q : NULL;
         if (seq.seqlen_k == 0) {
-            fa_i_zero_rows(seq.o, &p->o_layout, p->o_dtype, p->heads_q, p->head_dim, 0, p->seqlen_q);
+            fa_i_zero_rows(seq.o, &p->o_layout, p->o_dtype, p->heads_q, p->head_dim_v, 0, p->seqlen_q);
             if (seq.lse)
                 for (h = 0; h < p->heads_q; ++h)
                     for (r = 0; r < p->seqlen_q; ++r) seq.lse[(int64_t)h * p->seqlen_q + r] = -INFINITY;

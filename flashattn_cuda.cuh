@@ -4479,6 +4479,9 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     if (p->cu_seqlens_q || p->block_table)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "varlen (cu_seqlens) and paged K/V (block_table) run on the CPU path only");
+    if (p->head_dim_v != p->head_dim)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim_v %d != head_dim %d runs on the CPU path only",
+                         p->head_dim_v, p->head_dim);
     if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16 && p->dtype != FA_DTYPE_FP8_E4M3)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "the GPU path takes f16, bf16 or fp8, not dtype %d",
                          (int)p->dtype);

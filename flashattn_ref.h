@@ -22,8 +22,10 @@ extern "C" {
 #endif
 
 /* Same contract as fa_cpu_forward / fa_cpu_backward, dense problems only
-   (varlen, paged K/V: FA_ERR_UNSUPPORTED). The backward uses D = rowsum(P * dP) (the
-   textbook form), not rowsum(dO * O). */
+   (varlen, paged K/V: FA_ERR_UNSUPPORTED). The backward recomputes P by its
+   own softmax (not from lse) and takes D = rowsum(dO * O) from the o it is
+   given, as the backward's contract defines it: with 16-bit storage that o
+   is rounded, and D follows it. */
 FA_API fa_status fa_ref_forward(const fa_params *p);
 FA_API fa_status fa_ref_backward(const fa_params *p);
 
@@ -150,7 +152,7 @@ FA_API fa_status fa_ref_forward(const fa_params *params)
             const int hk = h / (p.heads_q / p.heads_kv);
             fa_ref_probs(&p, b, h, prob, NULL, lse);
             for (r = 0; r < p.seqlen_q; ++r) {
-                for (i = 0; i < p.head_dim; ++i) {
+                for (i = 0; i < p.head_dim_v; ++i) {
                     double acc = 0.0;
                     for (c = 0; c < p.seqlen_k; ++c)
                         acc += prob[(size_t)r * p.seqlen_k + c] *
@@ -179,7 +181,7 @@ FA_API fa_status fa_ref_backward(const fa_params *params)
     dprob = (double *)malloc(sizeof(double) * nqk);
     th = (double *)malloc(sizeof(double) * nqk);
     dk = (double *)malloc(sizeof(double) * (size_t)p.seqlen_k * p.head_dim);
-    dv = (double *)malloc(sizeof(double) * (size_t)p.seqlen_k * p.head_dim);
+    dv = (double *)malloc(sizeof(double) * (size_t)p.seqlen_k * p.head_dim_v);
     dq = (double *)malloc(sizeof(double) * (size_t)p.head_dim);
     if (!prob || !dprob || !th || !dk || !dv || !dq) {
         s = FA_ERR_OUT_OF_MEMORY;
@@ -189,24 +191,26 @@ FA_API fa_status fa_ref_backward(const fa_params *params)
         for (hk = 0; hk < p.heads_kv; ++hk) {
             const int group = p.heads_q / p.heads_kv;
             memset(dk, 0, sizeof(double) * (size_t)p.seqlen_k * p.head_dim);
-            memset(dv, 0, sizeof(double) * (size_t)p.seqlen_k * p.head_dim);
+            memset(dv, 0, sizeof(double) * (size_t)p.seqlen_k * p.head_dim_v);
             for (h = hk * group; h < (hk + 1) * group; ++h) {
                 fa_ref_probs(&p, b, h, prob, th, NULL);
                 for (r = 0; r < p.seqlen_q; ++r) {
                     double *pr = prob + (size_t)r * p.seqlen_k, *dpr = dprob + (size_t)r * p.seqlen_k;
                     const int64_t qo = fa_ref_at(&p.q_layout, b, h, r);
                     const int64_t go = fa_ref_at(&p.dout_layout, b, h, r);
-                    double dsum = 0.0;
+                    const int64_t oo = fa_ref_at(&p.o_layout, b, h, r);
+                    double dsum = 0.0; /* D = rowsum(dO * O) */
+                    for (i = 0; i < p.head_dim_v; ++i)
+                        dsum += fa_ref_get(p.dout, p.dtype, go + i) * fa_ref_get(p.o, p.dtype, oo + i);
                     for (c = 0; c < p.seqlen_k; ++c) { /* dP = dO V^T, dV += P^T dO */
                         const int64_t vo = fa_ref_at(&p.v_layout, b, hk, c);
                         double acc = 0.0;
-                        for (i = 0; i < p.head_dim; ++i) {
+                        for (i = 0; i < p.head_dim_v; ++i) {
                             const double g = fa_ref_get(p.dout, p.dtype, go + i);
                             acc += g * fa_ref_get(p.v, p.dtype, vo + i);
-                            dv[(size_t)c * p.head_dim + i] += pr[c] * g;
+                            dv[(size_t)c * p.head_dim_v + i] += pr[c] * g;
                         }
                         dpr[c] = acc;
-                        dsum += pr[c] * acc;
                     }
                     memset(dq, 0, sizeof(double) * (size_t)p.head_dim);
                     for (c = 0; c < p.seqlen_k; ++c) { /* dS = P (dP - D), chain to x = scale q.k */
@@ -226,13 +230,14 @@ FA_API fa_status fa_ref_backward(const fa_params *params)
                         fa_ref_put(p.dq, p.dtype, fa_ref_at(&p.dq_layout, b, h, r) + i, dq[i]);
                 }
             }
-            for (c = 0; c < p.seqlen_k; ++c)
-                for (i = 0; i < p.head_dim; ++i) {
+            for (c = 0; c < p.seqlen_k; ++c) {
+                for (i = 0; i < p.head_dim; ++i)
                     fa_ref_put(p.dk, p.dtype, fa_ref_at(&p.dk_layout, b, hk, c) + i,
                                dk[(size_t)c * p.head_dim + i]);
+                for (i = 0; i < p.head_dim_v; ++i)
                     fa_ref_put(p.dv, p.dtype, fa_ref_at(&p.dv_layout, b, hk, c) + i,
-                               dv[(size_t)c * p.head_dim + i]);
-                }
+                               dv[(size_t)c * p.head_dim_v + i]);
+            }
         }
 done:
     free(prob);

@@ -38,7 +38,8 @@ class Params(ctypes.Structure):
     _fields_ = [
         ("batch", ctypes.c_int), ("dtype", ctypes.c_int), ("heads_q", ctypes.c_int),
         ("heads_kv", ctypes.c_int), ("seqlen_q", ctypes.c_int), ("seqlen_k", ctypes.c_int),
-        ("head_dim", ctypes.c_int), ("scale", ctypes.c_float), ("causal", ctypes.c_int),
+        ("head_dim", ctypes.c_int), ("head_dim_v", ctypes.c_int), ("scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
         ("window", ctypes.c_int), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
         ("softcap", ctypes.c_float),
         ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
@@ -225,9 +226,10 @@ class Problem:
 
     def __init__(self, rng, batch=1, heads_q=2, heads_kv=0, seqlen_q=64, seqlen_k=64,
                  head_dim=64, dtype="f32", layout="bshd", causal=False, window=None,
-                 softcap=0.0, scale=0.0, amplitude=1.0, num_splits=0):
+                 softcap=0.0, scale=0.0, amplitude=1.0, num_splits=0, head_dim_v=0):
         self.b, self.hq, self.hkv = batch, heads_q, heads_kv or heads_q
         self.nq, self.nk, self.d = seqlen_q, seqlen_k, head_dim
+        self.dv_arg, self.dv = head_dim_v, head_dim_v or head_dim
         self.dtype, self.layout = dtype, layout
         self.causal, self.window, self.softcap = causal, window, softcap
         self.scale_arg, self.num_splits = scale, num_splits
@@ -235,8 +237,8 @@ class Problem:
         qs, ks = (batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, self.hkv, head_dim)
         self.q = quantize(rng.standard_normal(qs) * amplitude, dtype)
         self.k = quantize(rng.standard_normal(ks) * amplitude, dtype)
-        self.v = quantize(rng.standard_normal(ks), dtype)
-        self.dout = quantize(rng.standard_normal(qs), dtype)
+        self.v = quantize(rng.standard_normal(ks[:3] + (self.dv,)), dtype)
+        self.dout = quantize(rng.standard_normal(qs[:3] + (self.dv,)), dtype)
 
     def reference_args(self):
         return dict(scale=self.scale, causal=self.causal, window=self.window,
@@ -246,7 +248,7 @@ class Problem:
         p = Params()
         p.dtype = DTYPES[self.dtype]
         p.batch, p.heads_q, p.heads_kv = self.b, self.hq, self.hkv
-        p.seqlen_q, p.seqlen_k, p.head_dim = self.nq, self.nk, self.d
+        p.seqlen_q, p.seqlen_k, p.head_dim, p.head_dim_v = self.nq, self.nk, self.d, self.dv_arg
         p.scale, p.causal, p.softcap = self.scale_arg, int(self.causal), self.softcap
         p.num_splits = self.num_splits
         if self.window is not None:
@@ -262,7 +264,7 @@ class Problem:
     def _shape(self, name):
         key_side = name in ("k", "v", "dk", "dv")
         return (self.b, self.nk if key_side else self.nq, self.hkv if key_side else self.hq,
-                self.d)
+                self.dv if name in ("v", "o", "dout", "dv") else self.d)
 
     def tensor(self, name, values=None):
         return Tensor(self._shape(name), self.dtype, self.layout, values)

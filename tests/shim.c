@@ -10,8 +10,9 @@
 #include <string.h>
 
 #define FA_TEST_PARAMS_FIELDS(X)                                                         \
-    X(batch) X(dtype) X(heads_q) X(heads_kv) X(seqlen_q) X(seqlen_k) X(head_dim) X(scale) \
-    X(causal) X(window) X(window_left) X(window_right) X(softcap) X(q) X(k) X(v) X(o)     \
+    X(batch) X(dtype) X(heads_q) X(heads_kv) X(seqlen_q) X(seqlen_k) X(head_dim)       \
+    X(head_dim_v) X(scale) X(causal) X(window) X(window_left) X(window_right) X(softcap)  \
+    X(q) X(k) X(v) X(o)                                                                  \
     X(lse) X(q_layout) X(k_layout) X(v_layout) X(o_layout) X(dout) X(dq) X(dk) X(dv)      \
     X(dout_layout) X(dq_layout) X(dk_layout) X(dv_layout) X(num_splits) X(o_dtype)      \
     X(fp8_scaling) X(q_descale) X(k_descale) X(v_descale) X(cu_seqlens_q) X(cu_seqlens_k)  \

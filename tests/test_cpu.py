@@ -284,13 +284,16 @@ PACK_CASES = [
          dtype="bf16"),
     dict(seqlen_q=250, seqlen_k=70, head_dim=128, batch=3, heads_q=2, heads_kv=1,
          layout="padded", dtype="f16", softcap=10.0, amplitude=3.0),
+    dict(seqlen_q=400, seqlen_k=300, head_dim=192, head_dim_v=128, heads_q=4, heads_kv=2,
+         causal=True, dtype="bf16"),
 ]
 
 
 def packed_matches_unpacked(cfg):
     prob = fa.Problem(rng_for("pack" + str(cfg)), **cfg)
-    dp = -(-cfg["head_dim"] // 16) * 16  # FA_I_PAD of the SIMD build
-    pair = 2 * 4 * dp * (-(-cfg["seqlen_k"] // 64) * 64)  # fp32 K^T and V of one pair
+    pad = lambda n: -(-n // 16) * 16  # FA_I_PAD of the SIMD build
+    dims = pad(cfg["head_dim"]) + pad(cfg.get("head_dim_v") or cfg["head_dim"])
+    pair = 4 * dims * (-(-cfg["seqlen_k"] // 64) * 64)  # fp32 K^T and V of one pair
     runs = []
     for cap in (-1, 0, pair, 2 * pair + 1):  # unpacked, default, one pair a group, two
         status, o, lse = with_pack_bytes(cap, lambda: prob.forward("fa2", threads=3))
@@ -543,6 +546,28 @@ case("bwd_large_logits", backward_case, seqlen_q=64, seqlen_k=100, head_dim=64,
      amplitude=30.0)
 
 
+# A separate V head dim (head_dim_v): DeepSeek's MLA prefill (QK 192, V 128),
+# smaller and larger V than QK, odd dims, decode with splits, every mask.
+HEAD_DIM_V_CASES = [
+    dict(head_dim=192, head_dim_v=128, seqlen_q=100, seqlen_k=150, heads_q=4, heads_kv=2,
+         causal=True, dtype="bf16"),
+    dict(head_dim=64, head_dim_v=32, seqlen_q=257, seqlen_k=65),
+    dict(head_dim=17, head_dim_v=100, seqlen_q=5, seqlen_k=300, window=(20, 3), dtype="f16"),
+    dict(head_dim=128, head_dim_v=256, seqlen_q=1, seqlen_k=700, heads_q=8, heads_kv=1),
+    dict(head_dim=96, head_dim_v=48, seqlen_q=200, seqlen_k=200, softcap=5.0, amplitude=3.0,
+         layout="bhsd"),
+    dict(head_dim=40, head_dim_v=8, seqlen_q=70, seqlen_k=1000, num_splits=3, layout="padded"),
+]
+for i, cfg in enumerate(HEAD_DIM_V_CASES):
+    case(f"head_dim_v_fwd_{i}_{cfg['head_dim']}_{cfg['head_dim_v']}", forward_case, **cfg)
+    if "num_splits" not in cfg:
+        case(f"head_dim_v_bwd_{i}_{cfg['head_dim']}_{cfg['head_dim_v']}", backward_case, **cfg)
+case("head_dim_v_small_tiles", with_cpu_library, "CPU_SMALL_TILES",
+     lambda: backward_case(backends=("fa2",), **HEAD_DIM_V_CASES[0]))
+case("head_dim_v_portable_kernels", with_cpu_library, "CPU_PORTABLE",
+     lambda: backward_case(backends=("fa2",), **HEAD_DIM_V_CASES[2]))
+
+
 @test
 def bwd_deterministic():
     prob = fa.Problem(rng_for("det"), heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=170,
@@ -588,7 +613,7 @@ def reference_gradient_matches_finite_differences():
 def _forward_sentinel(prob, backend):
     t = {"q": prob.tensor("q", prob.q), "k": prob.tensor("k", prob.k),
          "v": prob.tensor("v", prob.v),
-         "o": prob.tensor("o", np.full((prob.b, prob.nq, prob.hq, prob.d), 7.0))}
+         "o": prob.tensor("o", np.full((prob.b, prob.nq, prob.hq, prob.dv), 7.0))}
     t["lse"] = np.full((prob.b, prob.hq, prob.nq), 7.0, np.float32)
     status = fa.call_forward(backend, prob.params(t))
     assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)}"
@@ -818,6 +843,8 @@ BAD_INPUTS = [
     ("scale_nan", _set(scale=float("nan")), "FA_ERR_INVALID_ARGUMENT", False),
     ("softcap_inf", _set(softcap=float("inf")), "FA_ERR_INVALID_ARGUMENT", True),
     ("softcap_denormal", _set(softcap=1e-40), "FA_ERR_INVALID_ARGUMENT", True),
+    ("head_dim_v_negative", _set(head_dim_v=-1), "FA_ERR_INVALID_SIZE", True),
+    ("head_dim_v_past_256", _set(head_dim_v=257), "FA_ERR_UNSUPPORTED", False),
     ("softcap_past_the_scale", _set(softcap=1e-38, scale=100.0), "FA_ERR_INVALID_ARGUMENT", False),
     ("num_splits_negative", _set(num_splits=-1), "FA_ERR_INVALID_ARGUMENT", False),
     ("num_splits_too_many", _set(num_splits=129), "FA_ERR_INVALID_ARGUMENT", False),

@@ -429,6 +429,7 @@ def _field(**fields):
 
 case("gpu_bad_f32_unsupported", _gpu_status, _field(dtype=0), "FA_ERR_UNSUPPORTED")
 case("gpu_bad_head_dim_48", _gpu_status, _field(head_dim=48), "FA_ERR_UNSUPPORTED")
+case("gpu_bad_head_dim_v", _gpu_status, _field(head_dim_v=32), "FA_ERR_UNSUPPORTED")
 case("gpu_bad_misaligned_rows", _gpu_status, _field(q_layout=(20 * 4 * 72, 68, 4 * 72)),
      "FA_ERR_UNSUPPORTED")
 case("gpu_bad_null_k", _gpu_status, _field(k=None), "FA_ERR_NULL_POINTER")

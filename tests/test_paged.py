@@ -16,8 +16,9 @@ from test_cpu import check, check_lse, rng_for
 class PagedProblem:
     def __init__(self, rng, cache_lens, seqlen_new=0, seqlen_q=1, page_size=16, max_pages=8,
                  heads_q=4, heads_kv=2, head_dim=64, dtype="f32", causal=False, window=None,
-                 softcap=0.0, layout="bshd"):
+                 softcap=0.0, layout="bshd", head_dim_v=0):
         self.b, self.hq, self.hkv, self.d, self.dtype = len(cache_lens), heads_q, heads_kv, head_dim, dtype
+        self.dv = head_dim_v or head_dim
         self.lens, self.new, self.nq = np.array(cache_lens, np.int32), seqlen_new, seqlen_q
         self.ps, self.mp, self.layout = page_size, max_pages, layout
         self.causal, self.window, self.softcap = causal, window, softcap
@@ -28,11 +29,12 @@ class PagedProblem:
         for b in range(self.b):
             used = -(-(int(self.lens[b]) + seqlen_new) // page_size)
             self.table[b, :used] = pages[b * max_pages:b * max_pages + used]
-        shape = (self.num_pages, page_size, heads_kv, head_dim)
-        self.k_cache = fa.quantize(rng.standard_normal(shape), dtype)
-        self.v_cache = fa.quantize(rng.standard_normal(shape), dtype)
-        self.k_new = fa.quantize(rng.standard_normal((self.b, max(seqlen_new, 1), heads_kv, head_dim)), dtype)
-        self.v_new = fa.quantize(rng.standard_normal((self.b, max(seqlen_new, 1), heads_kv, head_dim)), dtype)
+        shape = (self.num_pages, page_size, heads_kv)
+        self.k_cache = fa.quantize(rng.standard_normal(shape + (head_dim,)), dtype)
+        self.v_cache = fa.quantize(rng.standard_normal(shape + (self.dv,)), dtype)
+        new = (self.b, max(seqlen_new, 1), heads_kv)
+        self.k_new = fa.quantize(rng.standard_normal(new + (head_dim,)), dtype)
+        self.v_new = fa.quantize(rng.standard_normal(new + (self.dv,)), dtype)
         self.q = fa.quantize(rng.standard_normal((self.b, seqlen_q, heads_q, head_dim)), dtype)
 
     def keys(self, b):
@@ -47,13 +49,13 @@ class PagedProblem:
         t = {"q": fa.Tensor(self.q.shape, self.dtype, self.layout, self.q),
              "k": fa.Tensor(self.k_cache.shape, self.dtype, self.layout, self.k_cache),
              "v": fa.Tensor(self.v_cache.shape, self.dtype, self.layout, self.v_cache),
-             "o": fa.Tensor(self.q.shape, self.dtype, self.layout),
+             "o": fa.Tensor(self.q.shape[:3] + (self.dv,), self.dtype, self.layout),
              "k_new": fa.Tensor(self.k_new.shape, self.dtype, self.layout, self.k_new),
              "v_new": fa.Tensor(self.v_new.shape, self.dtype, self.layout, self.v_new)}
         lse = np.full((self.b, self.hq, self.nq), np.nan, np.float32)
         p = fa.Params()
         p.dtype = fa.DTYPES[self.dtype]
-        p.batch, p.heads_q, p.heads_kv, p.head_dim = self.b, self.hq, self.hkv, self.d
+        p.batch, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v = self.b, self.hq, self.hkv, self.d, self.dv
         p.seqlen_q = self.nq
         p.seqlen_k = max(int((self.lens + self.new).max()), 1)
         p.causal, p.softcap = int(self.causal), self.softcap
@@ -74,8 +76,8 @@ class PagedProblem:
 def paged_case(**cfg):
     prob = PagedProblem(rng_for("paged" + str(cfg)), **cfg)
     args = dict(scale=prob.scale, causal=prob.causal, window=prob.window, softcap=prob.softcap)
-    ref_o = np.zeros(prob.q.shape)
-    low_o = np.zeros(prob.q.shape)
+    ref_o = np.zeros(prob.q.shape[:3] + (prob.dv,))
+    low_o = np.zeros_like(ref_o)
     ref_lse = np.full((prob.b, prob.hq, prob.nq), -np.inf)
     for b in range(prob.b):
         k, v = prob.keys(b)
@@ -101,6 +103,8 @@ def paged_case(**cfg):
 
 
 case("paged_decode", paged_case, cache_lens=[37, 100, 1, 64], page_size=16)
+case("paged_head_dim_v_append", paged_case, cache_lens=[37, 0, 64], seqlen_new=2, seqlen_q=2,
+     page_size=16, head_dim=192, head_dim_v=128, causal=True, layout="padded")
 case("paged_decode_append", paged_case, cache_lens=[37, 100, 0, 64], seqlen_new=1, page_size=16)
 case("paged_prefill_chunk_causal", paged_case, cache_lens=[20, 70, 0], seqlen_new=9, seqlen_q=9,
      causal=True, page_size=32, max_pages=4, heads_q=6, heads_kv=3)

@@ -14,9 +14,11 @@ from test_cpu import FLOOR, check, check_lse, rng_for
 
 class VarlenProblem:
     def __init__(self, rng, lengths_q, lengths_k, used_k=None, heads_q=4, heads_kv=2,
-                 head_dim=64, dtype="f32", causal=False, window=None, softcap=0.0, pad=0):
+                 head_dim=64, dtype="f32", causal=False, window=None, softcap=0.0, pad=0,
+                 head_dim_v=0):
         self.lq, self.lk, self.used = list(lengths_q), list(lengths_k), used_k
         self.b, self.hq, self.hkv, self.d, self.dtype = len(lengths_q), heads_q, heads_kv, head_dim, dtype
+        self.dv = head_dim_v or head_dim
         self.causal, self.window, self.softcap, self.pad = causal, window, softcap, pad
         self.scale = 1.0 / np.sqrt(head_dim)
         self.cu_q = np.concatenate([[0], np.cumsum(self.lq)]).astype(np.int32)
@@ -24,16 +26,18 @@ class VarlenProblem:
         self.tq, self.tk = int(self.cu_q[-1]), int(self.cu_k[-1])
         self.q = fa.quantize(rng.standard_normal((self.tq, heads_q, head_dim)), dtype)
         self.k = fa.quantize(rng.standard_normal((self.tk, heads_kv, head_dim)), dtype)
-        self.v = fa.quantize(rng.standard_normal((self.tk, heads_kv, head_dim)), dtype)
-        self.dout = fa.quantize(rng.standard_normal((self.tq, heads_q, head_dim)), dtype)
+        self.v = fa.quantize(rng.standard_normal((self.tk, heads_kv, self.dv)), dtype)
+        self.dout = fa.quantize(rng.standard_normal((self.tq, heads_q, self.dv)), dtype)
         self.used_arr = None if used_k is None else np.array(used_k, np.int32)
 
     def keys(self, b):
         return self.used[b] if self.used is not None else self.lk[b]
 
-    def tensor(self, rows, heads, values=None):
-        """A packed [rows, heads, d] tensor (rows padded by `pad` poisoned elements)."""
-        t = fa.Tensor((1, max(rows, 1), heads, self.d), self.dtype, "padded" if self.pad else "bshd")
+    def tensor(self, rows, heads, values=None, v_side=False):
+        """A packed [rows, heads, d] tensor (d: head_dim_v for v, o, dout, dv;
+        rows padded by `pad` poisoned elements)."""
+        t = fa.Tensor((1, max(rows, 1), heads, self.dv if v_side else self.d), self.dtype,
+                      "padded" if self.pad else "bshd")
         if values is not None and rows:
             t.view[0] = fa.to_storage(values, self.dtype)
         return t
@@ -41,7 +45,7 @@ class VarlenProblem:
     def params(self, t, lse):
         p = fa.Params()
         p.dtype = fa.DTYPES[self.dtype]
-        p.batch, p.heads_q, p.heads_kv, p.head_dim = self.b, self.hq, self.hkv, self.d
+        p.batch, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v = self.b, self.hq, self.hkv, self.d, self.dv
         p.seqlen_q, p.seqlen_k = max(max(self.lq), 1), max(max(self.lk), 1)
         p.causal, p.softcap = int(self.causal), self.softcap
         if self.window is not None:
@@ -57,16 +61,17 @@ class VarlenProblem:
 
     def forward(self, backend="fa2"):
         t = {"q": self.tensor(self.tq, self.hq, self.q), "k": self.tensor(self.tk, self.hkv, self.k),
-             "v": self.tensor(self.tk, self.hkv, self.v), "o": self.tensor(self.tq, self.hq)}
+             "v": self.tensor(self.tk, self.hkv, self.v, True), "o": self.tensor(self.tq, self.hq, None, True)}
         lse = np.full((self.hq, max(self.tq, 1)), np.nan, np.float32)
         status = fa.call_forward(backend, self.params(t, lse))
         return status, t["o"].values()[0][:self.tq], lse[:, :self.tq].astype(np.float64)
 
     def backward(self, o, lse, backend="fa2"):
         t = {"q": self.tensor(self.tq, self.hq, self.q), "k": self.tensor(self.tk, self.hkv, self.k),
-             "v": self.tensor(self.tk, self.hkv, self.v), "o": self.tensor(self.tq, self.hq, o),
-             "dout": self.tensor(self.tq, self.hq, self.dout), "dq": self.tensor(self.tq, self.hq),
-             "dk": self.tensor(self.tk, self.hkv), "dv": self.tensor(self.tk, self.hkv)}
+             "v": self.tensor(self.tk, self.hkv, self.v, True),
+             "o": self.tensor(self.tq, self.hq, o, True),
+             "dout": self.tensor(self.tq, self.hq, self.dout, True), "dq": self.tensor(self.tq, self.hq),
+             "dk": self.tensor(self.tk, self.hkv), "dv": self.tensor(self.tk, self.hkv, None, True)}
         lse_in = np.zeros((self.hq, max(self.tq, 1)), np.float32)
         lse_in[:, :self.tq] = lse
         status = fa.call_backward(backend, self.params(t, lse_in))
@@ -77,10 +82,10 @@ class VarlenProblem:
         """Per sequence: O [tq, Hq, d], LSE [Hq, tq], and (dq, dk, dv) with
         their magnitudes, from the sequence's own q rows and used keys."""
         args = dict(scale=self.scale, causal=self.causal, window=self.window, softcap=self.softcap)
-        out_o = np.zeros((self.tq, self.hq, self.d))
+        out_o = np.zeros((self.tq, self.hq, self.dv))
         out_lse = np.full((self.hq, self.tq), -np.inf)
         grads = [np.zeros((self.tq, self.hq, self.d)), np.zeros((self.tk, self.hkv, self.d)),
-                 np.zeros((self.tk, self.hkv, self.d))]
+                 np.zeros((self.tk, self.hkv, self.dv))]
         mags = [np.zeros_like(g) for g in grads]
         for b in range(self.b):
             q0, q1, k0 = self.cu_q[b], self.cu_q[b + 1], self.cu_k[b]
@@ -137,6 +142,10 @@ case("varlen_seqused_k", varlen_case, lengths_q=[10, 40, 7], lengths_k=[64, 100,
      used_k=[33, 100, 0], causal=True)
 case("varlen_padded_rows_f16_mqa", varlen_case, lengths_q=[31, 2, 65], lengths_k=[31, 90, 1],
      heads_q=4, heads_kv=1, dtype="f16", pad=8)
+case("varlen_head_dim_v_192_128", varlen_case, lengths_q=[40, 0, 130], lengths_k=[70, 5, 130],
+     head_dim=192, head_dim_v=128, causal=True, dtype="bf16")
+case("varlen_head_dim_v_33_70_padded", varlen_case, lengths_q=[3, 66], lengths_k=[100, 60],
+     head_dim=33, head_dim_v=70, window=(20, 2), pad=8)
 
 
 def _varlen_bad(mutate, expected, backends=("fa2", "ref", "gpu")):

@@ -71,6 +71,18 @@ static void fz_fill(fz_tensor *t, fa_dtype dtype)
     }
 }
 
+/* One element of head 0 of a q or k tensor set to NaN, +inf or -inf. */
+static void fz_poison(fz_tensor *t, fa_dtype dtype, int b, int n, int d)
+{
+    const float values[3] = {NAN, INFINITY, -INFINITY};
+    const float x = values[fz_int(0, 2)];
+    const int64_t at = fz_int(0, b - 1) * t->layout.batch + fz_int(0, n - 1) * t->layout.seq +
+                       fz_int(0, d - 1);
+    if (dtype == FA_DTYPE_F32) ((float *)t->data)[at] = x;
+    else if (dtype == FA_DTYPE_F16) ((uint16_t *)t->data)[at] = fa_f32_to_f16(x);
+    else ((uint16_t *)t->data)[at] = fa_f32_to_bf16(x);
+}
+
 static float fz_get(const fz_tensor *t, fa_dtype dtype, int b, int h, int s, int i)
 {
     const int64_t at = b * t->layout.batch + h * t->layout.head + s * t->layout.seq + i;
@@ -81,7 +93,8 @@ static float fz_get(const fz_tensor *t, fa_dtype dtype, int b, int h, int s, int
 
 /* Largest |ours - ref| over the bound ulp |ref| + tol max(max|ref|, 1) (> 1
    fails): the inputs are O(1), so a gradient the reference makes ~0 (one
-   key: dS = 0) is judged against that scale, not its own. */
+   key: dS = 0) is judged against that scale, not its own. Non-finite
+   entries (the non-finite policy's NaN rows) must match exactly. */
 static double fz_compare(const fz_tensor *ours, const fz_tensor *ref, fa_dtype dtype, int b, int n,
                          int h, int d, double tol)
 {
@@ -91,15 +104,23 @@ static double fz_compare(const fz_tensor *ours, const fz_tensor *ref, fa_dtype d
     for (bb = 0; bb < b; ++bb)
         for (hh = 0; hh < h; ++hh)
             for (s = 0; s < n; ++s)
-                for (i = 0; i < d; ++i) mx = fmax(mx, fabs(fz_get(ref, dtype, bb, hh, s, i)));
+                for (i = 0; i < d; ++i) {
+                    const double r = fz_get(ref, dtype, bb, hh, s, i);
+                    if (isfinite(r)) mx = fmax(mx, fabs(r));
+                }
     for (bb = 0; bb < b; ++bb)
         for (hh = 0; hh < h; ++hh)
             for (s = 0; s < n; ++s)
                 for (i = 0; i < d; ++i) {
                     const double r = fz_get(ref, dtype, bb, hh, s, i);
                     const double x = fz_get(ours, dtype, bb, hh, s, i);
-                    const double e = fabs(x - r) / (ulp * fabs(r) + tol * fmax(mx, 1.0));
-                    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+                    double e;
+                    if (!isfinite(r) || !isfinite(x)) {
+                        if (!(isnan(r) ? isnan(x) : x == r)) return INFINITY;
+                        continue;
+                    }
+                    e = fabs(x - r) / (ulp * fabs(r) + tol * fmax(mx, 1.0));
+                    if (!(e <= worst)) worst = e;
                 }
     return worst;
 }
@@ -158,6 +179,11 @@ static void fz_make(fz_problem *z)
         FZ_ALLOC(z->o, seqlen_q, heads_q, dv, od);
         FZ_ALLOC(z->ref_o, seqlen_q, heads_q, dv, od);
         fz_fill(&z->q, p->dtype), fz_fill(&z->k, p->dtype), fz_fill(&z->v, p->dtype);
+        if (p->dtype != FA_DTYPE_FP8_E4M3 && fz_int(0, 7) == 0) { /* the non-finite policy */
+            const int in_q = fz_int(0, 1);
+            fz_poison(in_q ? &z->q : &z->k, p->dtype, p->batch, in_q ? p->seqlen_q : p->seqlen_k, d);
+            z->backward = 0; /* the reference sums 0 * NaN where ours skips masked tiles */
+        }
         if (z->backward) {
             FZ_ALLOC(z->dout, seqlen_q, heads_q, dv, p->dtype);
             FZ_ALLOC(z->dq, seqlen_q, heads_q, d, p->dtype);
@@ -227,7 +253,8 @@ static int fz_valid(fz_problem *z)
         return 1;
     }
     for (i = 0; i < (int64_t)b * hq * nq; ++i)
-        if (!(isinf(z->ref_lse[i]) ? z->lse[i] == z->ref_lse[i]
+        if (!(isnan(z->ref_lse[i])   ? isnan(z->lse[i])
+              : isinf(z->ref_lse[i]) ? z->lse[i] == z->ref_lse[i]
                                    : fabs(z->lse[i] - z->ref_lse[i]) <= 1e-4 * (1 + fabs(z->ref_lse[i])))) {
             fz_describe(z, "forward lse", fabs(z->lse[i] - z->ref_lse[i]));
             return 1;

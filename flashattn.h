@@ -62,9 +62,9 @@
                               (default 1 where __AVX2__ and __FMA__ are defined)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
      FA_CPU_BLOCK_N           key rows per CPU tile        (default 64)
-     FA_CPU_PACK_BYTES        most bytes of K/V the forward packs at a time
-                              (default 64 MiB; 0: never pack), where
-                              fa_cpu_options.pack_bytes is 0
+     FA_CPU_PACK_BYTES        most bytes of K/V (forward) or Q/dO (backward)
+                              packed at a time (default 64 MiB; 0: never
+                              pack), where fa_cpu_options.pack_bytes is 0
      FA_MALLOC / FA_FREE      allocator hooks (define both or neither)
      FLASHATTN_STATIC         make every function static to the including file
 
@@ -72,7 +72,7 @@
    O(Nq * d) per thread for the FA1 order (its carried O, m, l state),
    O(B * Hq * Nq) floats for the backward's D = rowsum(dO * O) and
    O(splits * B * Hq * Nq * d) for a split forward's parts, and at most
-   FA_CPU_PACK_BYTES (or fa_cpu_options.pack_bytes) for the forward's packed K/V. Never
+   FA_CPU_PACK_BYTES (or fa_cpu_options.pack_bytes) for packed K/V or Q/dO. Never
    O(Nq * Nk). The CPU path allocates that through FA_MALLOC per call.
 */
 #ifndef FLASHATTN_H
@@ -388,8 +388,8 @@ typedef struct fa_cpu_options {
     int num_threads;      /* 0 = 1; ignored with FA_NO_THREADS, and where pool is set */
     fa_cpu_order order;   /* forward loop order */
     fa_cpu_pool *pool;    /* optional: run on this pool's threads (and the caller's) */
-    int64_t pack_bytes;   /* most bytes of packed K/V the forward holds at a time
-                             (0: FA_CPU_PACK_BYTES; negative: never pack) */
+    int64_t pack_bytes;   /* most bytes of packed K/V (forward) or Q/dO (backward)
+                             held at a time (0: FA_CPU_PACK_BYTES; negative: never) */
 } fa_cpu_options;
 
 /* Most threads a call uses (more asked for: this many) or a pool holds,
@@ -1367,8 +1367,9 @@ typedef struct fa_i_job {
     size_t scratch_floats;
     float *shared;          /* job-wide buffer (backward's D; split-KV's partial O, then LSE) */
     int splits;             /* forward: key chunks per query block */
-    int first_task;         /* forward: task numbers start here (a group of packed heads) */
-    float *packed;          /* forward: K/V tiles of (b, kv head) pairs from pair0, or NULL */
+    int first_task;         /* task numbers start here (a group of packed pairs) */
+    float *packed;          /* K/V tiles (forward), Q/dO tiles (backward) of the (b, kv head)
+                               pairs from pair0, or NULL */
     int pair0;
     int next_task;
     fa_status status;
@@ -1855,17 +1856,42 @@ static void fa_i_transpose_keys(float *dst, const float *src, int dp, int cols)
         for (c = cols; c < FA_I_BN; ++c) dst[(size_t)i * FA_I_BN + c] = 0.0f;
 }
 
-/* Loads the query-side rows of a tile: raw Q, dO, base-2 LSE and D. */
+/* Packed Q and dO (the backward's counterpart of the forward's packed K/V):
+   the dQ pass loads each query block's Q and dO tiles into a slot of
+   job->packed, and the dK/dV pass, which reads every one of them once per
+   key block, takes them from there. Slots of the (batch, kv head) pairs
+   from job->pair0, each [BM][dp] of Q then [BM][dvp] of dO; NULL where the
+   backward does not pack. */
+static size_t fa_i_bwd_slot_floats(const fa_params *p)
+{
+    return (size_t)FA_I_BM * (FA_I_PAD(p->head_dim) + FA_I_PAD(p->head_dim_v));
+}
+
+static float *fa_i_bwd_slot(const fa_i_job *job, int b, int h, int r0)
+{
+    const fa_params *p = job->p;
+    const int group = p->heads_q / p->heads_kv, nqb = fa_i_ceil_div(p->seqlen_q, FA_I_BM);
+    const int local = (b * p->heads_kv + h / group - job->pair0) * group + h % group;
+    if (!job->packed) return NULL;
+    return job->packed + ((size_t)local * nqb + r0 / FA_I_BM) * fa_i_bwd_slot_floats(p);
+}
+
+/* The query-side rows of a tile: raw Q and dO (loaded unless `load` is 0
+   and they are packed), base-2 LSE and D. */
 static void fa_i_bwd_load_rows(const fa_i_job *job, fa_i_bwd_scratch *x, int b, int h, int r0,
-                               int rows)
+                               int rows, int load)
 {
     const fa_params *p = job->p;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
+    float *slot = fa_i_bwd_slot(job, b, h, r0);
     int r;
-    fa_i_load_tile(x->q, FA_I_PAD(p->head_dim), p->q, &p->q_layout, b, h, r0, rows, p->head_dim,
-                   p->dtype, 1.0f, fa_i_no_descale, fa_i_dense);
-    fa_i_load_tile(x->dout, FA_I_PAD(p->head_dim_v), p->dout, &p->dout_layout, b, h, r0, rows,
-                   p->head_dim_v, p->dtype, 1.0f, fa_i_no_descale, fa_i_dense);
+    if (slot) x->q = slot, x->dout = slot + (size_t)FA_I_BM * FA_I_PAD(p->head_dim);
+    if (!slot || load) {
+        fa_i_load_tile(x->q, FA_I_PAD(p->head_dim), p->q, &p->q_layout, b, h, r0, rows,
+                       p->head_dim, p->dtype, 1.0f, fa_i_no_descale, fa_i_dense);
+        fa_i_load_tile(x->dout, FA_I_PAD(p->head_dim_v), p->dout, &p->dout_layout, b, h, r0, rows,
+                       p->head_dim_v, p->dtype, 1.0f, fa_i_no_descale, fa_i_dense);
+    }
     for (r = 0; r < rows; ++r) {
         /* A fully masked row has LSE = -inf; +inf makes its P = 2^(-inf) = 0. */
         const float lse = p->lse[lse_base + r];
@@ -1923,7 +1949,7 @@ static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int r
 static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const fa_i_query_block blk = fa_i_query_task(p, task);
+    const fa_i_query_block blk = fa_i_query_task(p, task + job->first_task);
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, b = blk.b, h = blk.h;
     const int hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
@@ -1939,7 +1965,7 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
         for (c = 0; c < dv; ++c) sum += x.row[c] * x.t[c];
         job->shared[lse_base + r] = sum;
     }
-    fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
+    fa_i_bwd_load_rows(job, &x, b, h, r0, rows, 1);
     memset(x.acc, 0, sizeof(float) * FA_I_BM * dp);
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
     for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi; c0 += FA_I_BN) {
@@ -1960,7 +1986,7 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
     const fa_params *p = job->p;
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
     const int nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
-    const int b = task / (nkb * p->heads_kv), hk = (task / nkb) % p->heads_kv;
+    const int b = (task += job->first_task) / (nkb * p->heads_kv), hk = (task / nkb) % p->heads_kv;
     const int group = p->heads_q / p->heads_kv;
     const int c0 = (task % nkb) * FA_I_BN;
     const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
@@ -1976,7 +2002,7 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
             const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
             const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
             if (!vis) continue;
-            fa_i_bwd_load_rows(job, &x, b, h, r0, rows);
+            fa_i_bwd_load_rows(job, &x, b, h, r0, rows, 0);
             fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
             fa_i_transpose(x.t, FA_I_BM, x.s, FA_I_BN, rows, cols);
             fa_i_gemm(x.acc2, dvp, x.t, FA_I_BM, x.dout, dvp, cols, dvp, rows, 1);
@@ -2424,7 +2450,7 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     fa_cpu_options o;
     fa_i_job job;
     fa_status s;
-    int dkv_tasks = 0;
+    int dkv_tasks = 0, dq_tasks = 0;
     const int64_t bh = params ? (int64_t)params->batch * params->heads_q : 0;
     if ((s = fa_params_resolve(params, FA_PASS_BACKWARD, &p)) != FA_OK) return s;
     if ((s = fa_i_cpu_options(opt, &o)) != FA_OK) return s;
@@ -2434,17 +2460,31 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     job.scratch_floats = fa_i_backward_scratch(&p);
     job.shared = (float *)FA_MALLOC(sizeof(float) * (size_t)bh * p.seqlen_q);
     if (!job.shared) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "D of %lld floats", (long long)bh);
-    job.run = fa_i_backward_dq_task;
     /* both passes' task counts before either runs: a refusal writes nothing */
     s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BN),
                         &dkv_tasks);
-    if (s == FA_OK) s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &job.num_tasks);
-    if (s == FA_OK) s = fa_i_run_job(&job, &o);
-    if (s == FA_OK) {
-        job.run = fa_i_backward_dkv_task;
-        job.next_task = 0;
-        job.num_tasks = dkv_tasks;
-        s = fa_i_run_job(&job, &o);
+    if (s == FA_OK) s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &dq_tasks);
+    if (s == FA_OK) { /* packed Q and dO where key blocks are several: pairs in groups */
+        const int pairs = p.batch * p.heads_kv, nkb = fa_i_ceil_div(p.seqlen_k, FA_I_BN);
+        const int64_t cap = o.pack_bytes ? o.pack_bytes : (int64_t)FA_CPU_PACK_BYTES;
+        const uint64_t pair_bytes = (uint64_t)(dq_tasks / pairs) * fa_i_bwd_slot_floats(&p) * 4;
+        int per_group = pairs, pair0;
+        if (cap > 0 && pair_bytes <= (uint64_t)cap && nkb > 1) {
+            per_group = (uint64_t)cap / pair_bytes < (uint64_t)pairs ? (int)((uint64_t)cap / pair_bytes) : pairs;
+            job.packed = (float *)FA_MALLOC((size_t)pair_bytes * per_group);
+            if (!job.packed) per_group = pairs;
+        }
+        for (pair0 = 0; pair0 < pairs && s == FA_OK; pair0 += per_group) {
+            const int n = pairs - pair0 < per_group ? pairs - pair0 : per_group;
+            job.pair0 = pair0, job.next_task = 0;
+            job.run = fa_i_backward_dq_task;
+            job.first_task = pair0 * (dq_tasks / pairs), job.num_tasks = n * (dq_tasks / pairs);
+            s = fa_i_run_job(&job, &o);
+            job.run = fa_i_backward_dkv_task, job.next_task = 0;
+            job.first_task = pair0 * nkb, job.num_tasks = n * nkb;
+            if (s == FA_OK) s = fa_i_run_job(&job, &o);
+        }
+        if (job.packed) FA_FREE(job.packed);
     }
     FA_FREE(job.shared);
     return s;

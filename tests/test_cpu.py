@@ -272,12 +272,12 @@ def with_pack_bytes(cap, fn):
         fa.PACK_BYTES[0] = saved
 
 
-# Packed K/V (fa_cpu_options.pack_bytes): the query blocks read the same fp32
-# tiles in the same order whether the forward packs them first, packs a few
-# (batch, kv head) pairs at a time, or loads them per block, so the bits
-# agree. Query blocks of at most 4 rows (decode, a short last block) take the
-# packed GEMM instead of dot products with K's rows: there only the
-# reference decides.
+# Packed K/V and Q/dO (fa_cpu_options.pack_bytes): the tiles hold the same
+# fp32 values, read in the same order, whether the forward (K/V) and the
+# backward (Q/dO) pack them first, pack a few (batch, kv head) pairs at a
+# time, or load them per block, so the bits agree. Forward query blocks of at
+# most 4 rows (decode, a short last block) take the packed GEMM instead of
+# dot products with K's rows: there only the reference decides.
 PACK_CASES = [
     dict(seqlen_q=300, seqlen_k=257, head_dim=64, batch=2, heads_q=6, heads_kv=2, causal=True),
     dict(seqlen_q=200, seqlen_k=450, head_dim=33, heads_q=4, heads_kv=4, window=(100, 20),
@@ -294,15 +294,21 @@ def packed_matches_unpacked(cfg):
     pad = lambda n: -(-n // 16) * 16  # FA_I_PAD of the SIMD build
     dims = pad(cfg["head_dim"]) + pad(cfg.get("head_dim_v") or cfg["head_dim"])
     pair = 4 * dims * (-(-cfg["seqlen_k"] // 64) * 64)  # fp32 K^T and V of one pair
+    group = cfg.get("heads_q", 2) // cfg.get("heads_kv", cfg.get("heads_q", 2))
+    bwd_pair = 4 * dims * group * (-(-cfg["seqlen_q"] // 192) * 192)  # Q and dO slots of one pair
     runs = []
-    for cap in (-1, 0, pair, 2 * pair + 1):  # unpacked, default, one pair a group, two
+    # unpacked, default, then one pair a group and two, for each pass's pair size
+    for cap in (-1, 0, pair, 2 * pair + 1, bwd_pair, 2 * bwd_pair + 1):
         status, o, lse = with_pack_bytes(cap, lambda: prob.forward("fa2", threads=3))
         assert status == fa.FA_OK, fa.status_name(status)
-        runs.append((o, lse))
-    for o, lse in runs[1:]:
-        assert np.array_equal(o, runs[0][0]) and np.array_equal(lse, runs[0][1], equal_nan=True)
+        status, *grads = with_pack_bytes(cap, lambda: prob.backward(o, lse, "fa2", threads=3))
+        assert status == fa.FA_OK, fa.status_name(status)
+        runs.append([o, lse] + grads)
+    for run in runs[1:]:
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(run, runs[0]))
     with_pack_bytes(pair, lambda: forward_case(backends=("fa2",), **cfg))
-    return f"{len(runs)} caps agree bitwise"
+    with_pack_bytes(pair, lambda: backward_case(backends=("fa2",), **cfg))
+    return f"{len(runs)} caps agree bitwise, forward and backward"
 
 
 for i, cfg in enumerate(PACK_CASES):

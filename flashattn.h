@@ -1609,6 +1609,22 @@ static size_t fa_i_pack_pair_floats(const fa_params *p)
     return (size_t)fa_i_ceil_div(p->seqlen_k, FA_I_BN) * fa_i_pack_tile_floats(p);
 }
 
+/* Where packing is worth it and one (batch, kv head) pair's pair_bytes fit
+   the cap (fa_cpu_options.pack_bytes, else FA_CPU_PACK_BYTES), *buffer gets
+   room for as many pairs as fit and that count is returned; otherwise
+   *buffer is NULL and all pairs are one group. */
+static int fa_i_pack_group(const fa_cpu_options *o, int worth, uint64_t pair_bytes, int pairs,
+                           float **buffer)
+{
+    const int64_t cap = o->pack_bytes ? o->pack_bytes : (int64_t)FA_CPU_PACK_BYTES;
+    int n;
+    *buffer = NULL;
+    if (!worth || cap <= 0 || pair_bytes > (uint64_t)cap) return pairs;
+    n = (uint64_t)cap / pair_bytes < (uint64_t)pairs ? (int)((uint64_t)cap / pair_bytes) : pairs;
+    *buffer = (float *)FA_MALLOC((size_t)(pair_bytes * (uint64_t)n));
+    return *buffer ? n : pairs;
+}
+
 /* Task: K^T and V of key block task % blocks of pair pair0 + task / blocks. */
 static void fa_i_pack_kv_task(const fa_i_job *job, int task, float *scratch)
 {
@@ -2159,16 +2175,12 @@ static fa_status fa_i_forward_packed(fa_i_job *job, const fa_cpu_options *o)
     const fa_params *p = job->p;
     const int group = p->heads_q / p->heads_kv, blocks = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
     const int pairs = p->batch * p->heads_kv, tasks_per_pair = job->num_tasks / pairs;
-    const int64_t cap = o->pack_bytes ? o->pack_bytes : (int64_t)FA_CPU_PACK_BYTES;
     const size_t pair_bytes = fa_i_pack_pair_floats(p) * sizeof(float);
-    int per_group, pair0;
+    const int worth = tasks_per_pair >= 2 && (p->seqlen_q > FA_I_DOT_ROWS || group > 1);
+    const int per_group = fa_i_pack_group(o, worth, pair_bytes, pairs, &job->packed);
+    int pair0;
     fa_i_job pack;
     fa_status s = FA_OK;
-    if (cap <= 0 || (uint64_t)pair_bytes > (uint64_t)cap || tasks_per_pair < 2 ||
-        (p->seqlen_q <= FA_I_DOT_ROWS && group < 2))
-        return fa_i_run_job(job, o);
-    per_group = (uint64_t)cap / pair_bytes < (uint64_t)pairs ? (int)((uint64_t)cap / pair_bytes) : pairs;
-    job->packed = (float *)FA_MALLOC(pair_bytes * per_group);
     if (!job->packed) return fa_i_run_job(job, o);
     memset(&pack, 0, sizeof pack);
     pack.p = p, pack.run = fa_i_pack_kv_task, pack.packed = job->packed, pack.splits = 1;
@@ -2466,14 +2478,9 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     if (s == FA_OK) s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &dq_tasks);
     if (s == FA_OK) { /* packed Q and dO where key blocks are several: pairs in groups */
         const int pairs = p.batch * p.heads_kv, nkb = fa_i_ceil_div(p.seqlen_k, FA_I_BN);
-        const int64_t cap = o.pack_bytes ? o.pack_bytes : (int64_t)FA_CPU_PACK_BYTES;
         const uint64_t pair_bytes = (uint64_t)(dq_tasks / pairs) * fa_i_bwd_slot_floats(&p) * 4;
-        int per_group = pairs, pair0;
-        if (cap > 0 && pair_bytes <= (uint64_t)cap && nkb > 1) {
-            per_group = (uint64_t)cap / pair_bytes < (uint64_t)pairs ? (int)((uint64_t)cap / pair_bytes) : pairs;
-            job.packed = (float *)FA_MALLOC((size_t)pair_bytes * per_group);
-            if (!job.packed) per_group = pairs;
-        }
+        const int per_group = fa_i_pack_group(&o, nkb > 1, pair_bytes, pairs, &job.packed);
+        int pair0;
         for (pair0 = 0; pair0 < pairs && s == FA_OK; pair0 += per_group) {
             const int n = pairs - pair0 < per_group ? pairs - pair0 : per_group;
             job.pair0 = pair0, job.next_task = 0;

@@ -28,9 +28,9 @@
        sliding window:  c is masked when c > r + off + window_right (if >= 0)
                                       or c < r + off - window_left  (if >= 0)
      A row with every key masked has O = 0, LSE = -inf, and zero gradients.
-     Non-finite input: a row with allowed keys whose largest score is not
-     finite (NaN, +inf, or all -inf) has O = NaN, LSE = NaN, as a plain
-     softmax gives (GPU: all -inf reads as every key masked).
+     Non-finite input: a row with a NaN or +inf among its allowed scores has
+     O = NaN, LSE = NaN, as a plain softmax gives; -inf scores get weight 0
+     (all -inf: as if every key were masked).
      GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
      head_dim_v (CPU path): V, O, dout and dv rows of another head dim than
      Q and K (0: the same).
@@ -1640,14 +1640,14 @@ static void fa_i_pack_kv_task(const fa_i_job *job, int task, float *scratch)
                    fa_i_pages_of(p));
 }
 
-/* Whether query row r may see a key of [c0, c0 + cols): a row with allowed
-   keys whose scores are all -inf or NaN gets O = NaN, LSE = NaN, as a plain
-   softmax gives (the README's "Non-finite input"). */
-static int fa_i_row_sees(const fa_params *p, int r, int c0, int cols)
+/* Whether a row of scores holds a NaN. Its max can miss one (max drops
+   NaN); a row with a NaN score gets O = NaN, LSE = NaN, as a plain softmax
+   gives (the README's "Non-finite input"). */
+static int fa_i_row_has_nan(const float *row, int n)
 {
-    int lo, hi;
-    fa_key_range(p, r, &lo, &hi);
-    return lo < hi && lo < c0 + cols && hi > c0;
+    int c, nan = 0;
+    for (c = 0; c < n; ++c) nan |= row[c] != row[c];
+    return nan;
 }
 
 static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
@@ -1704,7 +1704,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
             const float m_new = fa_i_row_max(srow, cols, m[r]);
             float alpha;
             if (m_new == -INFINITY) { /* nothing visible yet in this row */
-                if (fa_i_row_sees(p, r0 + r, c0, cols)) l[r] = NAN; /* all -inf or NaN */
+                if (fa_i_row_has_nan(srow, cols)) l[r] = NAN; /* -inf scores are weight 0 */
                 memset(srow, 0, sizeof(float) * cols);
                 continue;
             }
@@ -1779,9 +1779,9 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
             for (r = 0; r < rows; ++r) { /* P~ = exp(S - m~), l~ = rowsum(P~) */
                 float *srow = s + (size_t)r * FA_I_BN;
                 m_tile[r] = fa_i_row_max(srow, cols, -INFINITY);
-                if (m_tile[r] == -INFINITY) { /* NaN: all -inf or NaN where keys are allowed */
+                if (m_tile[r] == -INFINITY) { /* l~ NaN: a NaN score */
+                    l_tile[r] = fa_i_row_has_nan(srow, cols) ? NAN : 0.0f;
                     memset(srow, 0, sizeof(float) * cols);
-                    l_tile[r] = fa_i_row_sees(p, r0 + r, c0, cols) ? NAN : 0.0f;
                 } else {
                     l_tile[r] = fa_i_exp_row(srow, cols, m_tile[r]);
                 }

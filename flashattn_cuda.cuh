@@ -1400,8 +1400,10 @@ static __global__ void __launch_bounds__(FA_I_FA1_THREADS)
                 sp[c] = (c0 + c < lo || c0 + c >= hi) ? -INFINITY : fa_i_score(&p, x);
                 m_tile = fmaxf(m_tile, sp[c]);
             }
-            if (m_tile == -INFINITY) { /* allowed keys all -inf or NaN: a NaN row */
-                if (lo < c0 + n && hi > c0 && lo < hi)
+            if (m_tile == -INFINITY) { /* scores all -inf (weight 0) or NaN (a NaN row) */
+                int nan = 0;
+                for (c = 0; c < n; ++c) nan |= sp[c] != sp[c];
+                if (nan)
                     for (e = 0; e < d + 2; ++e) st[e] = e == d ? -INFINITY : NAN;
                 continue;
             }

@@ -89,9 +89,9 @@ static int fa_ref_masked(const fa_params *p, int r, int c)
 /* P (softmax of the masked, capped scores) of one (b, h) into prob[Nq][Nk];
    tanh_out (optional) gets tanh(x / cap) for the softcap derivative; lse
    (optional) gets log(sum exp S) per row. Non-finite scores, as a plain
-   softmax treats them: a row with no allowed key has P = 0 and LSE = -inf;
-   a row with allowed keys whose largest score is not finite (a NaN, +inf,
-   or every one -inf) has P = NaN and LSE = NaN. */
+   softmax treats them: a NaN or +inf among a row's allowed scores makes
+   P = NaN and LSE = NaN; -inf scores get weight 0, and a row whose allowed
+   scores are all -inf (or that has none) gets P = 0, LSE = -inf. */
 static void fa_ref_probs(const fa_params *p, int b, int h, double *prob, double *tanh_out,
                          double *lse)
 {
@@ -99,7 +99,7 @@ static void fa_ref_probs(const fa_params *p, int b, int h, double *prob, double 
     int r, c, i;
     for (r = 0; r < p->seqlen_q; ++r) {
         double *row = prob + (size_t)r * p->seqlen_k, max = -INFINITY, sum = 0.0;
-        int allowed = 0, nan = 0;
+        int nan = 0;
         for (c = 0; c < p->seqlen_k; ++c) {
             double x = 0.0;
             for (i = 0; i < d; ++i)
@@ -114,11 +114,10 @@ static void fa_ref_probs(const fa_params *p, int b, int h, double *prob, double 
                 x = p->softcap * t;
             }
             row[c] = fa_ref_masked(p, r, c) ? -INFINITY : x;
-            allowed |= !fa_ref_masked(p, r, c);
             nan |= x != x && !fa_ref_masked(p, r, c);
             if (row[c] > max) max = row[c];
         }
-        if (allowed && (nan || !isfinite(max))) {
+        if (nan || max == INFINITY) {
             for (c = 0; c < p->seqlen_k; ++c) row[c] = NAN;
             if (lse) lse[r] = NAN;
             continue;

@@ -47,10 +47,10 @@ def _probs(q, k, scale, causal, window, softcap, keys=None):
         m = m | outside[None, :]
     x = np.where(m, -np.inf, x)
     mx = x.max(axis=-1, keepdims=True)  # NaN where a score is
-    # A plain softmax's non-finite cases: a row with allowed keys whose
-    # largest score is not finite (NaN, +inf, or all -inf) is NaN; a row with
-    # no allowed key is P = 0, LSE = -inf.
-    poisoned = ~np.isfinite(mx) & ~m.all(axis=-1, keepdims=True)
+    # Non-finite scores: a NaN or +inf among a row's allowed ones makes it
+    # NaN (a plain softmax's answer); -inf ones get weight 0, and a row with
+    # only -inf (or no allowed key) is P = 0, LSE = -inf.
+    poisoned = np.isnan(mx) | (mx == np.inf)
     safe = np.where(np.isfinite(mx), mx, 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.exp(x - safe)

@@ -609,11 +609,11 @@ def reference_gradient_matches_finite_differences():
 
 
 # ---- non-finite input ---------------------------------------------------------
-# The policy (README, "Non-finite input"): a row with allowed keys whose
-# largest score is not finite (a NaN or +inf in Q or K, a scale that
-# overflows, every score -inf) gets O = NaN and LSE = NaN, as a plain
-# softmax gives; a row with no allowed key keeps O = 0, LSE = -inf; NaN or
-# Inf in V reaches O through P V. Outputs start finite (7) here, so that a
+# The policy (README, "Non-finite input"): a NaN or +inf among a row's
+# allowed scores (from Q or K, or a scale that overflows) gives O = NaN and
+# LSE = NaN, as a plain softmax gives; -inf scores get weight 0 (all -inf:
+# O = 0, LSE = -inf, like a row without keys); NaN or Inf in V reaches O
+# through P V. Outputs start finite (7) here, so that a
 # NaN shows a write.
 
 def _forward_sentinel(prob, backend):
@@ -632,8 +632,9 @@ def nonfinite_case(tensor, at, value, backends=("fa2", "fa1", "ref"), **cfg):
     same rows NaN (O and LSE), the rest finite and within the usual bound."""
     prob = fa.Problem(rng_for("nonfinite" + tensor + str(at) + str(cfg)), **cfg)
     getattr(prob, tensor)[at] = value
-    if tensor == "k" and np.isinf(value):  # every score with that key +inf (or -inf)
-        prob.q[..., at[3]] = np.abs(prob.q[..., at[3]])
+    if tensor in ("q", "k") and np.isinf(value):  # its scores all +inf (or all -inf)
+        other = prob.q if tensor == "k" else prob.k
+        other[..., at[3]] = np.abs(other[..., at[3]])
     ref_o, ref_lse = reference.forward(prob.q, prob.k, prob.v, **prob.reference_args())
     with np.errstate(invalid="ignore"):
         low_o, _ = reference.forward(prob.q, prob.k, prob.v, precision=np.float32,
@@ -678,11 +679,12 @@ case("nonfinite_portable_kernels", with_cpu_library, "CPU_PORTABLE",
 
 @test
 def nonfinite_scale_overflow_makes_nan_rows():
-    """scale 3e38: scale * log2(e) overflows fp32, so every score is +-inf or
-    NaN and every row NaN (the float64 reference would not overflow; the
-    policy is about the library's own arithmetic)."""
+    """scale 3e38: scale * log2(e) overflows fp32; with Q and K positive every
+    score is +inf and every row NaN (the float64 reference would not
+    overflow; the policy is about the library's own arithmetic)."""
     prob = fa.Problem(rng_for("overflow"), seqlen_q=40, seqlen_k=50, head_dim=32, scale=3e38,
                       causal=True)
+    prob.q, prob.k = np.abs(prob.q), np.abs(prob.k)
     for backend in ("fa2", "fa1"):
         o, lse = _forward_sentinel(prob, backend)
         assert np.isnan(o).all() and np.isnan(lse).all(), backend

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.4.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.5.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -23,7 +23,9 @@
      S = scale * Q K^T; with softcap c > 0, S = c * tanh(S / c); masked
      entries are -inf; P = softmax(S) by rows; O = P V; LSE = log(sum exp S)
      per query row (natural log, fp32, contiguous [B, Hq, Nq]).
-     Query r and key c, with off = Nk - Nq (masks are aligned bottom-right):
+     Query r and key c, with off = Nk - Nq (masks are aligned bottom-right),
+     or off = q_position - k_position with positions set (chunks of a sharded
+     sequence):
        causal:          c is masked when c > r + off
        sliding window:  c is masked when c > r + off + window_right (if >= 0)
                                       or c < r + off - window_left  (if >= 0)
@@ -37,6 +39,8 @@
      num_splits: keys in chunks merged by LSE (0: the library's choice).
      fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
      key ranges by their LSE (fa_combine_params).
+     Backward with accumulate_grads adds into dq, dk, dv; grads_f32 makes
+     them fp32 (context parallelism: fa_params' comments).
      Varlen (CPU): cu_seqlens_q/k give a ragged batch in packed tensors;
      paged K/V (CPU, forward): block_table, cache_seqlens and an optional
      append of k_new/v_new (the fields' comments in fa_params).
@@ -82,7 +86,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 4
+#define FA_VERSION_MINOR 5
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
@@ -226,6 +230,25 @@ typedef struct fa_params {
     const void *v_new;
     fa_layout k_new_layout, v_new_layout;
     int seqlen_new;
+
+    /* A chunk pair of a sharded sequence (context parallelism): with
+       positions nonzero, query row r stands at position q_position + r and
+       key c at k_position + c of the whole sequence (both >= 0), and the
+       masks compare those positions, so each call on a pair of chunks masks
+       as one call on the whole sequence would; a row that sees no key of the
+       chunk gets O = 0, LSE = -inf, which fa_*_combine skips. Not with
+       varlen or paged K/V. Zero: bottom-right alignment, which
+       fa_params_resolve writes as the positions max(0, seqlen_k - seqlen_q)
+       and max(0, seqlen_q - seqlen_k). */
+    int positions;
+    int q_position, k_position;
+
+    /* Backward: with accumulate_grads nonzero, dQ, dK and dV are added to
+       what dq, dk and dv hold instead of replacing it (a ring's steps, each
+       given the whole sequence's o and lse); with grads_f32 nonzero, dq, dk
+       and dv are fp32 tensors whatever dtype is (a ring's accumulators). */
+    int accumulate_grads;
+    int grads_f32;
 } fa_params;
 
 /* Quantization to e4m3 for the FP8 forward (fa_cpu_quantize_fp8,
@@ -256,19 +279,23 @@ typedef struct fa_quantize_params {
    where O_i is part i's output (normalized over its own keys) and LSE_i its
    log-sum-exp; a part with LSE_i = -inf saw no key and contributes nothing
    (its O_i is not read); rows whose parts are all empty get O = 0, LSE = -inf.
-   o may be o_parts[0] itself when both have the same dtype and layout (the
-   accumulator of a running merge), and lse may be lse_parts[0]. */
+   o may be o_parts[0] itself when both have the same dtype and layout, and
+   lse may be lse_parts[0]. With accumulate, o and lse already hold a result
+   (an earlier merge's, or a first part's) that counts as one more part: a
+   running merge as a ring's steps arrive, o kept in fp32 while the parts
+   come in 16 bits; o is then none of the parts, and lse is required. */
 typedef struct fa_combine_params {
     int num_parts;                 /* 1 .. FA_MAX_PARTS */
     int batch, heads, seqlen, head_dim; /* rows [batch, seqlen, heads] of head_dim */
-    fa_dtype part_dtype;           /* of the O parts: F32, or the same as dtype */
+    fa_dtype part_dtype;           /* of the O parts: F32, F16 or BF16 */
     const void *const *o_parts;    /* num_parts pointers, each [B, N, H, d] in part_layout */
     const float *const *lse_parts; /* num_parts pointers, each [B, H, N] contiguous */
     fa_layout part_layout;         /* all zero: contiguous BSHD */
     fa_dtype dtype;                /* of o */
     void *o;
     fa_layout o_layout;
-    float *lse;                    /* optional: [B, H, N] */
+    float *lse;                    /* optional: [B, H, N] (required with accumulate) */
+    int accumulate;                /* nonzero: merge the parts into o and lse */
 } fa_combine_params;
 
 typedef enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 } fa_pass;
@@ -279,11 +306,21 @@ typedef enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 } fa_pass;
 #define FA_HOST_DEVICE
 #endif
 
+/* Query row r stands at key position r + fa_i_diag_shift(p) (p resolved:
+   its positions hold the bottom-right default). */
+static inline FA_HOST_DEVICE int64_t fa_i_diag_shift(const fa_params *p)
+{
+    return (int64_t)p->q_position - p->k_position;
+}
+
 /* The mask as one interval: query row r may see keys [*lo, *hi) (empty when
    *lo >= *hi). Shared by every path, CPU and GPU. p must be resolved. */
 static inline FA_HOST_DEVICE void fa_i_key_range(const fa_params *p, int r, int *lo, int *hi)
 {
-    const int64_t diag = (int64_t)r + p->seqlen_k - p->seqlen_q; /* bottom-right aligned */
+    /* r + fa_i_diag_shift(p), from the two 32-bit fields as written: other
+       forms (a select, 64-bit positions) made the FA2 forward at d = 128 on
+       sm_80 and the FA3 forward at d = 256 spill */
+    const int64_t diag = (int64_t)r + p->q_position - p->k_position;
     int64_t a = 0, b = p->seqlen_k;
     if (p->causal && diag + 1 < b) b = diag + 1;
     if (p->window && p->window_right >= 0 && diag + p->window_right + 1 < b)
@@ -326,7 +363,7 @@ static inline FA_HOST_DEVICE void fa_i_rows_common_keys(const fa_params *p, int 
 static inline FA_HOST_DEVICE void fa_i_rows_seeing_keys(const fa_params *p, int c0, int c1,
                                                         int *first, int *last)
 {
-    const int64_t off = (int64_t)p->seqlen_k - p->seqlen_q, nq = p->seqlen_q;
+    const int64_t off = fa_i_diag_shift(p), nq = p->seqlen_q;
     const int has_left = p->window && p->window_left >= 0;
     int64_t e = -1, f = nq, l = nq; /* e < 0: no bound on the right */
     if (p->window && p->window_right >= 0) e = p->window_right;
@@ -402,7 +439,9 @@ FA_API const char *fa_last_error_detail(void);
 FA_API size_t fa_dtype_size(fa_dtype dtype);
 
 /* Validates p for the given pass and writes the resolved copy (defaults
-   filled in: heads_kv, scale, layouts) to *resolved, which may be NULL. */
+   filled in: heads_kv, scale, layouts, the bottom-right positions) to
+   *resolved, which may be NULL. A resolved copy whose sizes change must be
+   resolved again. */
 FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *resolved);
 
 /* Allowed keys of query row r are [*lo, *hi); empty when *lo >= *hi. p resolved. */
@@ -737,6 +776,19 @@ static fa_status fa_i_check_layout(fa_layout *l, const char *name, int batch, in
 }
 
 /* The bytes [lo, hi) a tensor's elements lie in (layout resolved). */
+/* The default mask alignment as positions: the last query at the last key. */
+static void fa_i_bottom_right(fa_params *p)
+{
+    p->q_position = p->seqlen_k > p->seqlen_q ? p->seqlen_k - p->seqlen_q : 0;
+    p->k_position = p->seqlen_q > p->seqlen_k ? p->seqlen_q - p->seqlen_k : 0;
+}
+
+/* Storage of dq, dk, dv. */
+static fa_dtype fa_i_grad_dtype(const fa_params *p)
+{
+    return p->grads_f32 ? FA_DTYPE_F32 : p->dtype;
+}
+
 typedef struct fa_i_span {
     const char *name;
     uintptr_t lo, hi;
@@ -761,6 +813,7 @@ static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
     const int b = p->batch, nq = p->seqlen_q, nk = p->seqlen_k, hq = p->heads_q, hk = p->heads_kv;
     const int d = p->head_dim, dv = p->head_dim_v;
     const int64_t lse_bytes = (int64_t)b * hq * nq * 4;
+    const fa_dtype gt = fa_i_grad_dtype(p);
     fa_i_span in[8], out[3];
     int ni = 0, no = 0, i, j;
     /* a paged cache spans its pages (and takes k_new, v_new in) */
@@ -783,9 +836,9 @@ static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
         in[ni++] = fa_i_span_of("dout", p->dout, &p->dout_layout, b, nq, hq, dv, p->dtype);
         in[ni].name = "lse", in[ni].lo = (uintptr_t)p->lse;
         in[ni].hi = in[ni].lo + (uintptr_t)lse_bytes, ++ni;
-        out[no++] = fa_i_span_of("dq", p->dq, &p->dq_layout, b, nq, hq, d, p->dtype);
-        out[no++] = fa_i_span_of("dk", p->dk, &p->dk_layout, b, nk, hk, d, p->dtype);
-        out[no++] = fa_i_span_of("dv", p->dv, &p->dv_layout, b, nk, hk, dv, p->dtype);
+        out[no++] = fa_i_span_of("dq", p->dq, &p->dq_layout, b, nq, hq, d, gt);
+        out[no++] = fa_i_span_of("dk", p->dk, &p->dk_layout, b, nk, hk, d, gt);
+        out[no++] = fa_i_span_of("dv", p->dv, &p->dv_layout, b, nk, hk, dv, gt);
     }
     for (i = 0; i < no; ++i) {
         for (j = 0; j < ni; ++j)
@@ -895,6 +948,16 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
     } else if (r.cache_seqlens || r.k_new || r.v_new) {
         return fa_i_fail(FA_ERR_NULL_POINTER, "cache_seqlens, k_new and v_new need a block_table");
     }
+    if (r.positions) {
+        if (r.cu_seqlens_q || r.block_table)
+            return fa_i_fail(FA_ERR_UNSUPPORTED, "positions: dense problems only, not varlen or paged");
+        if (r.q_position < 0 || r.k_position < 0)
+            return fa_i_fail(FA_ERR_INVALID_ARGUMENT,
+                             "q_position %d, k_position %d: positions are not negative",
+                             r.q_position, r.k_position);
+    } else {
+        fa_i_bottom_right(&r);
+    }
     /* varlen: strides checked here for one sequence, and for the packed
        totals where the offsets are read (fa_i_varlen_check) */
 #define FA_I_CHECK(field, seq, heads, dim)                                                   \
@@ -941,14 +1004,19 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
                          r.batch, r.heads, r.seqlen, r.head_dim);
     if ((int)r.dtype < 0 || r.dtype >= FA_DTYPE_FP8_E4M3)
         return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "dtype %d is not f32, f16 or bf16", (int)r.dtype);
-    if (r.part_dtype != FA_DTYPE_F32 && r.part_dtype != r.dtype)
-        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "part_dtype %d is neither f32 nor dtype",
+    if ((int)r.part_dtype < 0 || r.part_dtype >= FA_DTYPE_FP8_E4M3)
+        return fa_i_fail(FA_ERR_INVALID_ARGUMENT, "part_dtype %d is not f32, f16 or bf16",
                          (int)r.part_dtype);
-    if (!r.o_parts || !r.lse_parts || !r.o)
-        return fa_i_fail(FA_ERR_NULL_POINTER, "o_parts, lse_parts and o are required");
-    for (i = 0; i < r.num_parts; ++i)
+    if (!r.o_parts || !r.lse_parts || !r.o || (r.accumulate && !r.lse))
+        return fa_i_fail(FA_ERR_NULL_POINTER,
+                         "o_parts, lse_parts and o are required (and lse with accumulate)");
+    for (i = 0; i < r.num_parts; ++i) {
         if (!r.o_parts[i] || !r.lse_parts[i])
             return fa_i_fail(FA_ERR_NULL_POINTER, "part %d has a NULL pointer", i);
+        if (r.accumulate && (r.o_parts[i] == r.o || r.lse_parts[i] == r.lse))
+            return fa_i_fail(FA_ERR_INVALID_ARGUMENT,
+                             "accumulate: part %d is o or lse, which count as a part already", i);
+    }
     if ((s = fa_i_check_layout(&r.part_layout, "part_layout", r.batch, r.seqlen, r.heads,
                                r.head_dim)) != FA_OK ||
         (s = fa_i_check_layout(&r.o_layout, "o_layout", r.batch, r.seqlen, r.heads, r.head_dim)) !=
@@ -1962,6 +2030,22 @@ static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int r
     }
 }
 
+/* A gradient row, mul * src, into its tensor in the gradients' storage:
+   written, or added to what the row holds (accumulate_grads; row: n floats
+   of scratch). src is clobbered. */
+static void fa_i_store_grad(const fa_params *p, void *base, int64_t offset, float *src, int n,
+                            float mul, float *row)
+{
+    const fa_dtype gt = fa_i_grad_dtype(p);
+    int i;
+    if (p->accumulate_grads) {
+        fa_i_load_row(row, base, offset, n, gt, 1.0f);
+        for (i = 0; i < n; ++i) src[i] = mul * src[i] + row[i];
+        mul = 1.0f;
+    }
+    fa_i_store_row(base, offset, src, n, gt, mul);
+}
+
 static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
@@ -1993,8 +2077,8 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
         fa_i_gemm(x.acc, dp, x.dp, FA_I_BN, x.k, dp, rows, dp, cols, 1);
     }
     for (r = 0; r < rows; ++r)
-        fa_i_store_row(p->dq, fa_i_offset(&p->dq_layout, b, h, r0 + r), x.acc + (size_t)r * dp, d,
-                       p->dtype, p->scale);
+        fa_i_store_grad(p, p->dq, fa_i_offset(&p->dq_layout, b, h, r0 + r), x.acc + (size_t)r * dp,
+                        d, p->scale, x.row);
 }
 
 static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch)
@@ -2026,10 +2110,10 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
             fa_i_gemm(x.acc, dp, x.t, FA_I_BM, x.q, dp, cols, dp, rows, 1);
         }
     for (r = 0; r < cols; ++r) {
-        fa_i_store_row(p->dk, fa_i_offset(&p->dk_layout, b, hk, c0 + r), x.acc + (size_t)r * dp,
-                       d, p->dtype, p->scale);
-        fa_i_store_row(p->dv, fa_i_offset(&p->dv_layout, b, hk, c0 + r), x.acc2 + (size_t)r * dvp,
-                       dv, p->dtype, 1.0f);
+        fa_i_store_grad(p, p->dk, fa_i_offset(&p->dk_layout, b, hk, c0 + r), x.acc + (size_t)r * dp,
+                        d, p->scale, x.row);
+        fa_i_store_grad(p, p->dv, fa_i_offset(&p->dv_layout, b, hk, c0 + r),
+                        x.acc2 + (size_t)r * dvp, dv, 1.0f, x.row);
     }
 }
 
@@ -2039,16 +2123,18 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
 
 #define FA_I_COMBINE_ROWS 64 /* rows per combine task */
 
-/* Row (b, n, h) of the merge into out[d] (row[d] is scratch); returns its LSE. */
+/* Row (b, n, h) of the merge into out[d] (row[d] is scratch); returns its
+   LSE. Part num_parts, with accumulate, is o and lse themselves. */
 static float fa_i_combine_row(const fa_combine_params *p, int b, int n, int h, float *out,
                               float *row)
 {
     const size_t lse_at = ((size_t)b * p->heads + h) * p->seqlen + n;
     const int64_t at = fa_i_offset(&p->part_layout, b, h, n);
+    const int parts = p->num_parts + (p->accumulate != 0);
     float mx = -INFINITY, sum = 0.0f;
     int i, c;
-    for (i = 0; i < p->num_parts; ++i) {
-        const float lse = p->lse_parts[i][lse_at];
+    for (i = 0; i < parts; ++i) {
+        const float lse = i < p->num_parts ? p->lse_parts[i][lse_at] : p->lse[lse_at];
         if (lse != lse) { /* a NaN part makes a NaN row */
             for (c = 0; c < p->head_dim; ++c) out[c] = NAN;
             return NAN;
@@ -2057,13 +2143,16 @@ static float fa_i_combine_row(const fa_combine_params *p, int b, int n, int h, f
     }
     memset(out, 0, sizeof(float) * p->head_dim);
     if (mx == -INFINITY) return -INFINITY;
-    for (i = 0; i < p->num_parts; ++i) {
-        const float lse = p->lse_parts[i][lse_at];
+    for (i = 0; i < parts; ++i) {
+        const float lse = i < p->num_parts ? p->lse_parts[i][lse_at] : p->lse[lse_at];
         float w;
         if (lse == -INFINITY) continue; /* saw no key: its O is not read */
         w = expf(lse - mx);
         sum += w;
-        fa_i_load_row(row, p->o_parts[i], at, p->head_dim, p->part_dtype, w);
+        if (i < p->num_parts)
+            fa_i_load_row(row, p->o_parts[i], at, p->head_dim, p->part_dtype, w);
+        else
+            fa_i_load_row(row, p->o, fa_i_offset(&p->o_layout, b, h, n), p->head_dim, p->dtype, w);
         for (c = 0; c < p->head_dim; ++c) out[c] += row[c];
     }
     for (c = 0; c < p->head_dim; ++c) out[c] /= sum;
@@ -2262,7 +2351,7 @@ static fa_params fa_i_varlen_sequence(const fa_params *p, int b, int *nq, int *n
 {
     fa_params s = *p;
     const int64_t es = (int64_t)fa_dtype_size(p->dtype), qr = p->cu_seqlens_q[b];
-    const int64_t kr = p->cu_seqlens_k[b];
+    const int64_t kr = p->cu_seqlens_k[b], ges = (int64_t)fa_dtype_size(fa_i_grad_dtype(p));
     *nq = p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b];
     *nk = p->seqused_k ? p->seqused_k[b] : p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
     s.batch = 1;
@@ -2274,9 +2363,9 @@ static fa_params fa_i_varlen_sequence(const fa_params *p, int b, int *nq, int *n
     s.v = (const char *)p->v + kr * p->v_layout.seq * es;
     s.o = (char *)p->o + qr * p->o_layout.seq * (int64_t)fa_dtype_size(p->o_dtype);
     if (p->dout) s.dout = (const char *)p->dout + qr * p->dout_layout.seq * es;
-    if (p->dq) s.dq = (char *)p->dq + qr * p->dq_layout.seq * es;
-    if (p->dk) s.dk = (char *)p->dk + kr * p->dk_layout.seq * es;
-    if (p->dv) s.dv = (char *)p->dv + kr * p->dv_layout.seq * es;
+    if (p->dq) s.dq = (char *)p->dq + qr * p->dq_layout.seq * ges;
+    if (p->dk) s.dk = (char *)p->dk + kr * p->dk_layout.seq * ges;
+    if (p->dv) s.dv = (char *)p->dv + kr * p->dv_layout.seq * ges;
     return s;
 }
 
@@ -2299,18 +2388,20 @@ static fa_status fa_i_run_varlen(const fa_params *p, fa_pass pass, const fa_cpu_
         const int q0 = p->cu_seqlens_q[b], span_k = p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
         seq.lse = lse;
         if (pass == FA_PASS_BACKWARD) {
-            if (nq == 0 || nk == 0) {
-                fa_i_zero_rows(seq.dq, &p->dq_layout, p->dtype, hq, d, 0, nq);
-                fa_i_zero_rows(seq.dk, &p->dk_layout, p->dtype, p->heads_kv, d, 0, span_k);
-                fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, p->head_dim_v, 0,
-                               span_k);
-                continue;
+            /* zero gradients where no query sees a key (accumulating: nothing to add) */
+            const fa_dtype gt = fa_i_grad_dtype(p);
+            const int seen = nq == 0 || nk == 0 ? 0 : nk, zero = !p->accumulate_grads;
+            if (seen) {
+                for (h = 0; h < hq; ++h)
+                    for (r = 0; r < nq; ++r) lse[h * nq + r] = p->lse[(int64_t)h * total_q + q0 + r];
+                s = fa_cpu_backward(&seq, opt);
+            } else if (zero) {
+                fa_i_zero_rows(seq.dq, &p->dq_layout, gt, hq, d, 0, nq);
             }
-            for (h = 0; h < hq; ++h)
-                for (r = 0; r < nq; ++r) lse[h * nq + r] = p->lse[(int64_t)h * total_q + q0 + r];
-            s = fa_cpu_backward(&seq, opt);
-            fa_i_zero_rows(seq.dk, &p->dk_layout, p->dtype, p->heads_kv, d, nk, span_k);
-            fa_i_zero_rows(seq.dv, &p->dv_layout, p->dtype, p->heads_kv, p->head_dim_v, nk, span_k);
+            if (zero) {
+                fa_i_zero_rows(seq.dk, &p->dk_layout, gt, p->heads_kv, d, seen, span_k);
+                fa_i_zero_rows(seq.dv, &p->dv_layout, gt, p->heads_kv, p->head_dim_v, seen, span_k);
+            }
             continue;
         }
         if (nq == 0) continue;
@@ -2391,6 +2482,7 @@ static fa_status fa_i_run_paged(const fa_params *p, const fa_cpu_options *o)
         fa_params seq = *p;
         seq.batch = 1;
         seq.seqlen_k = p->cache_seqlens[b] + p->seqlen_new;
+        fa_i_bottom_right(&seq); /* queries at the end of this sequence's keys */
         seq.block_table = p->block_table + (int64_t)b * p->max_pages;
         seq.q = (const char *)p->q + b * p->q_layout.batch * qes;
         seq.o = (char *)p->o + b * p->o_layout.batch * oes;
@@ -2657,6 +2749,10 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.5.0  Context parallelism: positions (a chunk pair masks as the whole
+          sequence), backward accumulate_grads and grads_f32, the running
+          merge (fa_combine_params.accumulate, any 16-bit or fp32 parts);
+          examples/ring_attention.cu
    0.4.0  FP8 (e4m3) forward: block, head or tensor descales, o in bf16 or
           f16; fa_cpu/fa_cuda_quantize_fp8 with the Hadamard rotation; the
           CPU forward and the reference take fp8 inputs. Ragged batches

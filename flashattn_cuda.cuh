@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.4.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.5.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -580,6 +580,16 @@ typedef struct fa_i_bwd_args {
     float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, 64-row blocks][64 d], tiled as
                       fa_i_bwd_postprocess says */
 } fa_i_bwd_args;
+
+/* A staged gradient (accumulate_grads, grads_f32): the backward's kernels
+   write it contiguous [batch, seq, heads, d] in the dtype to src, and
+   fa_i_bwd_grads_out adds it to (or writes it into) the caller's dst. */
+typedef struct fa_i_grad_out {
+    const uint16_t *src;
+    void *dst;
+    fa_layout dst_layout;
+    int batch, seq, heads;
+} fa_i_grad_out;
 
 #if FA_I_SM90
 /* The FA3 forward's tensor maps {d, seq, head, batch}; each box is 64
@@ -2832,9 +2842,11 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
 
 /* >> combine ==================================================================
    Partial results merged by LSE (fa_cuda_combine, and split-KV's second
-   kernel): one warp per 32 columns of a query row reads every part's LSE,
-   then every part's columns, before it writes o's, so o may be o_parts[0]
-   (same dtype and layout). */
+   kernel): one warp per 32 columns of a query row, the warps of a row in one
+   CTA. Each reads every part's LSE, then every part's columns, before it
+   writes o's (so o may be o_parts[0], same dtype and layout); the row's LSE
+   is written after a barrier, when every warp of the row has read the
+   parts' (so lse may be lse_parts[0], or with accumulate o's own). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
@@ -2843,49 +2855,62 @@ static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t 
                                  : fa_i_load16(base, i, dtype == FA_DTYPE_BF16);
 }
 
+/* Rows a combine CTA takes: as many as its warps hold whole (d <= 256: at
+   least one). */
+static __host__ __device__ __forceinline__ int fa_i_combine_rows(int head_dim)
+{
+    return FA_I_COMBINE_THREADS / 32 / ((head_dim + 31) / 32);
+}
+
 static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
     fa_i_combine(const fa_combine_params p, const fa_i_combine_args a)
 {
-    __shared__ float weights[FA_I_COMBINE_THREADS / 32][FA_MAX_PARTS];
+    __shared__ float weights[FA_I_COMBINE_THREADS / 32][FA_MAX_PARTS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = (p.head_dim + 31) / 32;
-    const int64_t task = (int64_t)blockIdx.x * (FA_I_COMBINE_THREADS / 32) + warp;
-    int64_t row;
-    int c, h, n, b, i;
-    if (task <= 0x7fffffff) { /* 32-bit divisions: 64-bit ones are calls */
-        const uint32_t t = (uint32_t)task, r = t / (uint32_t)chunks, hn = r / (uint32_t)p.heads;
-        row = r, c = (int)(t - r * (uint32_t)chunks), h = (int)(r - hn * (uint32_t)p.heads);
-        n = (int)(hn % (uint32_t)p.seqlen), b = (int)(hn / (uint32_t)p.seqlen);
-    } else {
-        row = task / chunks, c = (int)(task % chunks), h = (int)(row % p.heads);
-        n = (int)(row / p.heads % p.seqlen), b = (int)(row / ((int64_t)p.heads * p.seqlen));
-    }
-    c = 32 * c + lane; /* this lane's column */
-    const int64_t lse_at = ((int64_t)b * p.heads + h) * p.seqlen + n;
-    const int64_t at = fa_i_dev_offset(&p.part_layout, b, h, n) + c;
+    const int per_cta = fa_i_combine_rows(p.head_dim), c = 32 * (warp % chunks) + lane;
+    const int parts = p.num_parts + (p.accumulate != 0); /* part num_parts: o itself */
+    const int64_t row = (int64_t)blockIdx.x * per_cta + warp / chunks;
+    const int live = warp < per_cta * chunks && row < (int64_t)p.batch * p.heads * p.seqlen;
     float *w = weights[warp], mx = -INFINITY, sum = 0.0f, acc = 0.0f;
-    if (row >= (int64_t)p.batch * p.heads * p.seqlen) return;
-    for (i = lane; i < p.num_parts; i += 32) mx = fmaxf(mx, a.lse[i][lse_at]);
-    for (i = 16; i > 0; i >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, i));
-    for (i = lane; i < p.num_parts; i += 32) { /* 0 for a part that saw no key */
-        const float lse = a.lse[i][lse_at];
-        w[i] = lse == -INFINITY ? 0.0f : expf(lse - mx);
-    }
-    __syncwarp();
-    for (i = 0; i < p.num_parts; ++i) {
-        sum += w[i];
-        if (w[i] > 0.0f && c < p.head_dim) acc += w[i] * fa_i_load_any(a.o[i], at, p.part_dtype);
-    }
-    /* sum >= 1 (its largest weight is 1), 0 with no part, NaN with a NaN part */
-    acc = sum == 0.0f ? 0.0f : __fdividef(acc, sum);
-    if (c < p.head_dim) {
+    int64_t lse_at = 0;
+    int h, n, b, i;
+    if (live) {
+        if (row <= 0x7fffffff) { /* 32-bit divisions: 64-bit ones are calls */
+            const uint32_t r = (uint32_t)row, hn = r / (uint32_t)p.heads;
+            h = (int)(r - hn * (uint32_t)p.heads);
+            n = (int)(hn % (uint32_t)p.seqlen), b = (int)(hn / (uint32_t)p.seqlen);
+        } else {
+            h = (int)(row % p.heads);
+            n = (int)(row / p.heads % p.seqlen), b = (int)(row / ((int64_t)p.heads * p.seqlen));
+        }
+        lse_at = ((int64_t)b * p.heads + h) * p.seqlen + n;
+        const int64_t at = fa_i_dev_offset(&p.part_layout, b, h, n) + c;
         const int64_t to = fa_i_dev_offset(&p.o_layout, b, h, n) + c;
-        if (p.dtype == FA_DTYPE_F32)
-            ((float *)p.o)[to] = acc;
-        else
-            fa_i_store16(p.o, to, acc, p.dtype == FA_DTYPE_BF16);
+        for (i = lane; i < parts; i += 32)
+            mx = fmaxf(mx, i < p.num_parts ? a.lse[i][lse_at] : p.lse[lse_at]);
+        for (i = 16; i > 0; i >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, i));
+        for (i = lane; i < parts; i += 32) { /* 0 for a part that saw no key */
+            const float lse = i < p.num_parts ? a.lse[i][lse_at] : p.lse[lse_at];
+            w[i] = lse == -INFINITY ? 0.0f : expf(lse - mx);
+        }
+        __syncwarp();
+        for (i = 0; i < parts; ++i) {
+            sum += w[i];
+            if (w[i] > 0.0f && c < p.head_dim)
+                acc += w[i] * (i < p.num_parts ? fa_i_load_any(a.o[i], at, p.part_dtype)
+                                               : fa_i_load_any(p.o, to, p.dtype));
+        }
+        /* sum >= 1 (its largest weight is 1), 0 with no part, NaN with a NaN part */
+        acc = sum == 0.0f ? 0.0f : __fdividef(acc, sum);
+        if (c < p.head_dim) {
+            if (p.dtype == FA_DTYPE_F32)
+                ((float *)p.o)[to] = acc;
+            else
+                fa_i_store16(p.o, to, acc, p.dtype == FA_DTYPE_BF16);
+        }
     }
-    __syncwarp(); /* every lane has read the parts' LSE: lse may be lse_parts[0] */
-    if (lane == 0 && c == 0 && p.lse) p.lse[lse_at] = sum == 0.0f ? -INFINITY : mx + logf(sum);
+    __syncthreads(); /* every warp of the CTA's rows has read the LSEs */
+    if (live && c == 0 && p.lse) p.lse[lse_at] = sum == 0.0f ? -INFINITY : mx + logf(sum);
 }
 #endif /* >> combine */
 
@@ -3189,6 +3214,41 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
                                         r + 8 * i) +
                         8 * j,
                     f + 8 * i, p.scale, bf16);
+}
+
+/* A staged gradient into the caller's tensor (fa_i_grad_out), in fp32 with
+   grads_f32, else in the dtype, added to what it holds with
+   accumulate_grads; 8 elements of a row per thread (d % 8 == 0 here). */
+static __global__ void fa_i_bwd_grads_out(const fa_params p, fa_i_grad_out a)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, chunks = p.head_dim / 8;
+    const int64_t row = t / chunks, c = 8 * (t % chunks); /* row of [batch, seq, heads] */
+    const int bf16 = p.dtype == FA_DTYPE_BF16;
+    float x[8];
+    int i;
+    if (row >= (int64_t)a.batch * a.seq * a.heads) return;
+    const int h = (int)(row % a.heads), s = (int)(row / a.heads % a.seq);
+    const int64_t to = fa_i_dev_offset(&a.dst_layout, (int)(row / a.heads / a.seq), h, s) + c;
+    const uint4 w = *(const uint4 *)(a.src + row * p.head_dim + c);
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    for (i = 0; i < 8; ++i) x[i] = fa_i_load16(u, i, bf16);
+    if (p.grads_f32) {
+        float4 *dst = (float4 *)((float *)a.dst + to);
+        float4 lo = make_float4(x[0], x[1], x[2], x[3]), hi = make_float4(x[4], x[5], x[6], x[7]);
+        if (p.accumulate_grads) {
+            const float4 l0 = dst[0], h0 = dst[1];
+            lo.x += l0.x, lo.y += l0.y, lo.z += l0.z, lo.w += l0.w;
+            hi.x += h0.x, hi.y += h0.y, hi.z += h0.z, hi.w += h0.w;
+        }
+        dst[0] = lo, dst[1] = hi;
+        return;
+    }
+    if (p.accumulate_grads) {
+        const uint4 v = *(const uint4 *)((const uint16_t *)a.dst + to);
+        const uint32_t o[4] = {v.x, v.y, v.z, v.w};
+        for (i = 0; i < 8; ++i) x[i] += fa_i_load16(o, i, bf16);
+    }
+    fa_i_store8((uint16_t *)a.dst + to, x, 1.0f, bf16);
 }
 #endif /* FA_I_HOST */
 
@@ -4497,9 +4557,9 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
         !fa_i_aligned(p->v, &p->v_layout, p->dtype) || !fa_i_aligned(p->o, &p->o_layout, p->o_dtype) ||
         (pass == FA_PASS_BACKWARD &&
          (!fa_i_aligned(p->dout, &p->dout_layout, p->dtype) ||
-          !fa_i_aligned(p->dq, &p->dq_layout, p->dtype) ||
-          !fa_i_aligned(p->dk, &p->dk_layout, p->dtype) ||
-          !fa_i_aligned(p->dv, &p->dv_layout, p->dtype))))
+          !fa_i_aligned(p->dq, &p->dq_layout, fa_i_grad_dtype(p)) ||
+          !fa_i_aligned(p->dk, &p->dk_layout, fa_i_grad_dtype(p)) ||
+          !fa_i_aligned(p->dv, &p->dv_layout, fa_i_grad_dtype(p)))))
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "GPU rows must be 16-byte aligned: pointers 16-byte aligned and "
                          "strides multiples of 16 bytes (8 16-bit or 16 fp8 elements)");
@@ -4771,10 +4831,10 @@ FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
 static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_args *args,
                                      cudaStream_t stream)
 {
-    const int64_t warps = (int64_t)c->batch * c->heads * c->seqlen * ((c->head_dim + 31) / 32);
+    const int64_t rows = (int64_t)c->batch * c->heads * c->seqlen;
     return fa_i_launch((const void *)fa_i_combine,
-                       dim3(fa_i_blocks(warps, FA_I_COMBINE_THREADS / 32)), FA_I_COMBINE_THREADS, 0,
-                       stream, c, args);
+                       dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim))),
+                       FA_I_COMBINE_THREADS, 0, stream, c, args);
 }
 
 FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_t workspace_size,
@@ -4903,12 +4963,30 @@ static size_t fa_i_dq_acc_floats(const fa_params *p)
     return (size_t)p->batch * p->heads_q * fa_i_dq_blocks(p) * 64 * p->head_dim;
 }
 
+/* Staged gradients (accumulate_grads or grads_f32): dQ, dK, dV of the
+   kernels in the dtype, each 16-byte aligned, after the backward's own
+   workspace; 0 bytes when the kernels write the caller's tensors. */
+static size_t fa_i_grad_stage_bytes(const fa_params *p, size_t *dq_bytes, size_t *dk_bytes)
+{
+    const size_t es = fa_dtype_size(p->dtype);
+    *dq_bytes = ((size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim * es + 15) / 16 * 16;
+    *dk_bytes = ((size_t)p->batch * p->seqlen_k * p->heads_kv * p->head_dim * es + 15) / 16 * 16;
+    return p->accumulate_grads || p->grads_f32 ? *dq_bytes + 2 * *dk_bytes : 0;
+}
+
+/* The backward's own workspace: D, then (atomic mode) the dQ accumulator. */
+static size_t fa_i_bwd_own_bytes(const fa_params *p, int deterministic)
+{
+    return sizeof(float) * (fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q) +
+                            (deterministic ? 0 : fa_i_dq_acc_floats(p)));
+}
+
 FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
 {
     fa_params p;
+    size_t dq_bytes, dk_bytes;
     if (fa_params_resolve(params, FA_PASS_BACKWARD, &p) != FA_OK) return 0;
-    return sizeof(float) * (fa_i_round4((size_t)p.batch * p.heads_q * p.seqlen_q) +
-                            (deterministic ? 0 : fa_i_dq_acc_floats(&p)));
+    return fa_i_bwd_own_bytes(&p, deterministic) + fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
 }
 
 /* A validated backward and the kernels that run it. */
@@ -4945,6 +5023,30 @@ FA_API int fa_cuda_backward_algorithm(const fa_params *params, int deterministic
     return fa_i_plan_backward(params, deterministic, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
+/* The staged gradients into the caller's dq, dk, dv (fa_i_bwd_grads_out). */
+static fa_status fa_i_bwd_stage_out(const fa_params *caller, const fa_params *staged,
+                                    cudaStream_t stream)
+{
+    fa_i_grad_out g[3];
+    fa_status s = FA_OK;
+    int i;
+    g[0].src = (const uint16_t *)staged->dq, g[0].dst = caller->dq, g[0].dst_layout = caller->dq_layout;
+    g[1].src = (const uint16_t *)staged->dk, g[1].dst = caller->dk, g[1].dst_layout = caller->dk_layout;
+    g[2].src = (const uint16_t *)staged->dv, g[2].dst = caller->dv, g[2].dst_layout = caller->dv_layout;
+    for (i = 0; i < 3; ++i) {
+        g[i].batch = caller->batch;
+        g[i].seq = i ? caller->seqlen_k : caller->seqlen_q;
+        g[i].heads = i ? caller->heads_kv : caller->heads_q;
+    }
+    for (i = 0; i < 3 && s == FA_OK; ++i)
+        s = fa_i_launch((const void *)fa_i_bwd_grads_out,
+                        dim3(fa_i_blocks((int64_t)g[i].batch * g[i].seq * g[i].heads *
+                                             (caller->head_dim / 8),
+                                         256)),
+                        256, 0, stream, caller, &g[i]);
+    return s;
+}
+
 FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, void *workspace,
                                   size_t workspace_size, cudaStream_t stream)
 {
@@ -4952,15 +5054,30 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     const fa_params *p = &plan.p;
     const fa_i_kernels *k;
     fa_i_bwd_args a;
+    fa_params caller, staged;
+    fa_i_device dev;
     int64_t rows;
-    size_t need;
-    fa_status s = fa_i_plan_backward(params, deterministic, &plan);
+    size_t need, own, dq_bytes, dk_bytes;
+    /* accumulate_grads, grads_f32: the kernels write the gradients to the
+       workspace in the dtype, then fa_i_bwd_grads_out takes them out */
+    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &caller, &k, &dev);
     if (s != FA_OK) return s;
-    k = plan.k;
-    rows = (int64_t)p->batch * p->heads_q * p->seqlen_q;
-    need = fa_cuda_backward_workspace_size(p, deterministic);
+    own = fa_i_bwd_own_bytes(&caller, deterministic);
+    need = own + fa_i_grad_stage_bytes(&caller, &dq_bytes, &dk_bytes);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
         return fa_i_fail(FA_ERR_WORKSPACE, "backward needs %zu bytes, 16-byte aligned", need);
+    staged = caller;
+    if (need > own) {
+        char *at = (char *)workspace + own;
+        memset(&staged.dq_layout, 0, sizeof staged.dq_layout);
+        memset(&staged.dk_layout, 0, sizeof staged.dk_layout);
+        memset(&staged.dv_layout, 0, sizeof staged.dv_layout);
+        staged.dq = at, staged.dk = at + dq_bytes, staged.dv = at + dq_bytes + dk_bytes;
+        staged.accumulate_grads = staged.grads_f32 = 0;
+    }
+    if ((s = fa_i_plan_backward(&staged, deterministic, &plan)) != FA_OK) return s;
+    k = plan.k;
+    rows = (int64_t)p->batch * p->heads_q * p->seqlen_q;
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     /* fa_i_pre_lanes(d) threads per (padded) dQ accumulator row */
@@ -4992,6 +5109,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
         s = fa_i_launch((const void *)fa_i_bwd_postprocess,
                         dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p) / 16, 256)), 256, 0, stream,
                         p, &a);
+    if (s == FA_OK && need > own) s = fa_i_bwd_stage_out(&caller, p, stream);
     return s;
 }
 

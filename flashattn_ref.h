@@ -25,7 +25,9 @@ extern "C" {
    (varlen, paged K/V: FA_ERR_UNSUPPORTED). The backward recomputes P by its
    own softmax (not from lse) and takes D = rowsum(dO * O) from the o it is
    given, as the backward's contract defines it: with 16-bit storage that o
-   is rounded, and D follows it. */
+   is rounded, and D follows it. So on one chunk pair of a sharded sequence
+   its gradients are those of the chunk's own softmax, not of the whole
+   sequence's (tests of a ring compare whole sequences). */
 FA_API fa_status fa_ref_forward(const fa_params *p);
 FA_API fa_status fa_ref_backward(const fa_params *p);
 
@@ -61,6 +63,14 @@ static void fa_ref_put(void *base, fa_dtype dtype, int64_t i, double x)
     else ((uint16_t *)base)[i] = fa_f32_to_bf16((float)x);
 }
 
+/* A gradient element: written, or added to the tensor's (accumulate_grads),
+   in fp32 with grads_f32. */
+static void fa_ref_put_grad(const fa_params *p, void *base, int64_t i, double x)
+{
+    const fa_dtype dt = p->grads_f32 ? FA_DTYPE_F32 : p->dtype;
+    fa_ref_put(base, dt, i, p->accumulate_grads ? fa_ref_get(base, dt, i) + x : x);
+}
+
 static int64_t fa_ref_at(const fa_layout *l, int b, int h, int s)
 {
     return (int64_t)b * l->batch + (int64_t)h * l->head + (int64_t)s * l->seq;
@@ -79,7 +89,9 @@ static double fa_ref_input(const fa_params *p, const void *base, const fa_layout
 
 static int fa_ref_masked(const fa_params *p, int r, int c)
 {
-    const int64_t diag = (int64_t)r + p->seqlen_k - p->seqlen_q;
+    /* query r's position minus key 0's: bottom-right, or the given positions */
+    const int64_t diag = p->positions ? (int64_t)r + p->q_position - p->k_position
+                                      : (int64_t)r + p->seqlen_k - p->seqlen_q;
     if (p->causal && c > diag) return 1;
     if (p->window && p->window_right >= 0 && c > diag + p->window_right) return 1;
     if (p->window && p->window_left >= 0 && c < diag - p->window_left) return 1;
@@ -226,16 +238,16 @@ FA_API fa_status fa_ref_backward(const fa_params *params)
                         }
                     }
                     for (i = 0; i < p.head_dim; ++i)
-                        fa_ref_put(p.dq, p.dtype, fa_ref_at(&p.dq_layout, b, h, r) + i, dq[i]);
+                        fa_ref_put_grad(&p, p.dq, fa_ref_at(&p.dq_layout, b, h, r) + i, dq[i]);
                 }
             }
             for (c = 0; c < p.seqlen_k; ++c) {
                 for (i = 0; i < p.head_dim; ++i)
-                    fa_ref_put(p.dk, p.dtype, fa_ref_at(&p.dk_layout, b, hk, c) + i,
-                               dk[(size_t)c * p.head_dim + i]);
+                    fa_ref_put_grad(&p, p.dk, fa_ref_at(&p.dk_layout, b, hk, c) + i,
+                                    dk[(size_t)c * p.head_dim + i]);
                 for (i = 0; i < p.head_dim_v; ++i)
-                    fa_ref_put(p.dv, p.dtype, fa_ref_at(&p.dv_layout, b, hk, c) + i,
-                               dv[(size_t)c * p.head_dim_v + i]);
+                    fa_ref_put_grad(&p, p.dv, fa_ref_at(&p.dv_layout, b, hk, c) + i,
+                                    dv[(size_t)c * p.head_dim_v + i]);
             }
         }
 done:

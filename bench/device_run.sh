@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests, demo, then the benchmark.
 # Logs go to $OUT (the device tool's folder) or /tmp/flashattn-device.
-# Usage: bash bench/device_run.sh [tests|bench|fp8|sanitize|all] [bench args...]
+# Usage: bash bench/device_run.sh [tests|bench|fp8|ring|sanitize|all] [bench args...]
 set -uo pipefail
 out=${OUT:-/tmp/flashattn-device}
 mkdir -p "$out"
@@ -24,6 +24,13 @@ if [ "$what" = fp8 ]; then  # the FP8 tests, then the FP8 benchmark (args: bench
         grep -v "^PASS" "$out/test_$prefix.log" | tail -40
     done
     timeout 300 python3 bench/bench_fp8.py --out "$out" "$@" 2>&1 | tail -60
+fi
+if [ "$what" = ring ]; then  # the ring example, a rank per GPU here (args: sequence lengths)
+    cmd=$(head -1 examples/ring_attention.cu | sed 's|^/\* Build: ||; s| \*/$||; s|-o ring_attention|-o build/ring_attention|')
+    if ! eval "$cmd" >"$out/ring_build.log" 2>&1; then tail -20 "$out/ring_build.log"; exit 1; fi
+    for n in ${@:-32768 131072}; do
+        for causal in 1 0; do ./build/ring_attention "$n" "$causal" | tee -a "$out/ring.log"; done
+    done
 fi
 if [ "$what" = sanitize ]; then
     make sanitize >"$out/sanitize.log" 2>&1; echo "sanitize exit $?"; tail -30 "$out/sanitize.log"

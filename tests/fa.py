@@ -57,6 +57,9 @@ class Params(ctypes.Structure):
         ("num_pages", ctypes.c_int), ("cache_seqlens", ctypes.c_void_p),
         ("k_new", ctypes.c_void_p), ("v_new", ctypes.c_void_p), ("k_new_layout", Layout),
         ("v_new_layout", Layout), ("seqlen_new", ctypes.c_int),
+        ("positions", ctypes.c_int), ("q_position", ctypes.c_int),
+        ("k_position", ctypes.c_int), ("accumulate_grads", ctypes.c_int),
+        ("grads_f32", ctypes.c_int),
     ]
 
 
@@ -76,7 +79,7 @@ class CombineParams(ctypes.Structure):
         ("seqlen", ctypes.c_int), ("head_dim", ctypes.c_int), ("part_dtype", ctypes.c_int),
         ("o_parts", ctypes.POINTER(ctypes.c_void_p)), ("lse_parts", ctypes.POINTER(ctypes.c_void_p)),
         ("part_layout", Layout), ("dtype", ctypes.c_int), ("o", ctypes.c_void_p),
-        ("o_layout", Layout), ("lse", ctypes.c_void_p),
+        ("o_layout", Layout), ("lse", ctypes.c_void_p), ("accumulate", ctypes.c_int),
     ]
 
 
@@ -226,13 +229,15 @@ class Problem:
 
     def __init__(self, rng, batch=1, heads_q=2, heads_kv=0, seqlen_q=64, seqlen_k=64,
                  head_dim=64, dtype="f32", layout="bshd", causal=False, window=None,
-                 softcap=0.0, scale=0.0, amplitude=1.0, num_splits=0, head_dim_v=0):
+                 softcap=0.0, scale=0.0, amplitude=1.0, num_splits=0, head_dim_v=0,
+                 positions=None):
         self.b, self.hq, self.hkv = batch, heads_q, heads_kv or heads_q
         self.nq, self.nk, self.d = seqlen_q, seqlen_k, head_dim
         self.dv_arg, self.dv = head_dim_v, head_dim_v or head_dim
         self.dtype, self.layout = dtype, layout
         self.causal, self.window, self.softcap = causal, window, softcap
         self.scale_arg, self.num_splits = scale, num_splits
+        self.positions = positions  # (q_position, k_position) of a chunk pair, or None
         self.scale = scale or 1.0 / np.sqrt(head_dim)
         qs, ks = (batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, self.hkv, head_dim)
         self.q = quantize(rng.standard_normal(qs) * amplitude, dtype)
@@ -241,8 +246,9 @@ class Problem:
         self.dout = quantize(rng.standard_normal(qs[:3] + (self.dv,)), dtype)
 
     def reference_args(self):
+        shift = None if self.positions is None else self.positions[0] - self.positions[1]
         return dict(scale=self.scale, causal=self.causal, window=self.window,
-                    softcap=self.softcap)
+                    softcap=self.softcap, shift=shift)
 
     def params(self, tensors):
         p = Params()
@@ -253,6 +259,8 @@ class Problem:
         p.num_splits = self.num_splits
         if self.window is not None:
             p.window, (p.window_left, p.window_right) = 1, self.window
+        if self.positions is not None:
+            p.positions, (p.q_position, p.k_position) = 1, self.positions
         for name, t in tensors.items():
             if name == "lse":
                 p.lse = t.ctypes.data

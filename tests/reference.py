@@ -1,16 +1,17 @@
 """Attention in float64 NumPy, written from the formulas, independent of the C code.
 
 Tensors are logical [batch, seq, heads, head_dim] arrays. Masks are aligned
-bottom-right: query r, key c, diag = r + Nk - Nq.
+bottom-right: query r, key c, diag = r + Nk - Nq, unless shift gives query r's
+position relative to key 0 (chunks of a sharded sequence): diag = r + shift.
 """
 import numpy as np
 
 
-def mask(nq, nk, causal=False, window=None):
+def mask(nq, nk, causal=False, window=None, shift=None):
     """True where a key is masked. window = (left, right), negative = unbounded."""
     r = np.arange(nq)[:, None]
     c = np.arange(nk)[None, :]
-    diag = r + nk - nq
+    diag = r + (nk - nq if shift is None else shift)
     masked = np.zeros((nq, nk), dtype=bool)
     if causal:
         masked |= c > diag
@@ -33,14 +34,14 @@ def _expand(x, group):
     return np.repeat(x, group, axis=2)
 
 
-def _probs(q, k, scale, causal, window, softcap, keys=None):
+def _probs(q, k, scale, causal, window, softcap, keys=None, shift=None):
     group = q.shape[2] // k.shape[2]
     x = np.einsum("bqhd,bkhd->bhqk", q, _expand(k, group)) * q.dtype.type(scale)
     t = None
     if softcap:
         t = np.tanh(x / softcap)
         x = softcap * t
-    m = mask(q.shape[1], k.shape[1], causal, window)
+    m = mask(q.shape[1], k.shape[1], causal, window, shift)
     if keys is not None:  # only keys [lo, hi) of the full key axis
         outside = np.ones(k.shape[1], dtype=bool)
         outside[keys[0]:keys[1]] = False
@@ -52,10 +53,10 @@ def _probs(q, k, scale, causal, window, softcap, keys=None):
     # only -inf (or no allowed key) is P = 0, LSE = -inf.
     poisoned = np.isnan(mx) | (mx == np.inf)
     safe = np.where(np.isfinite(mx), mx, 0.0)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # inf / inf in poisoned rows
         e = np.exp(x - safe)
         total = e.sum(axis=-1, keepdims=True)
-    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+        p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
     p = np.where(poisoned, np.nan, p)
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(total[..., 0] > 0, safe[..., 0] + np.log(total[..., 0]), -np.inf)
@@ -64,13 +65,13 @@ def _probs(q, k, scale, causal, window, softcap, keys=None):
 
 
 def forward(q, k, v, scale, causal=False, window=None, softcap=0.0, precision=np.float64,
-            round_p=None, keys=None):
+            round_p=None, keys=None, shift=None):
     """Returns O [B, Nq, Hq, d] and LSE [B, Hq, Nq], computed in `precision`.
     round_p (optional) rounds P before P V, as tensor cores take 16-bit P.
     keys = (lo, hi) attends to those keys only (one part of a split)."""
     q, k, v = (np.asarray(x, precision) for x in (q, k, v))
     group = q.shape[2] // k.shape[2]
-    p, _, lse, _ = _probs(q, k, scale, causal, window, softcap, keys)
+    p, _, lse, _ = _probs(q, k, scale, causal, window, softcap, keys, shift)
     if round_p is not None:
         p = round_p(p).astype(precision)
     o = np.einsum("bhqk,bkhd->bqhd", p, _expand(v, group))
@@ -83,7 +84,8 @@ def _group_sum(x, heads_kv):
 
 
 def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
-             precision=np.float64, o=None, lse=None, magnitudes=False, round_p=None):
+             precision=np.float64, o=None, lse=None, magnitudes=False, round_p=None,
+             shift=None):
     """Analytic gradients (dQ, dK, dV) of sum(O * dout), computed in `precision`.
 
     By default P is the softmax and D = rowsum(P * dP). Given the stored
@@ -96,7 +98,7 @@ def backward(q, k, v, dout, scale, causal=False, window=None, softcap=0.0,
     q, k, v, dout = (np.asarray(x, precision) for x in (q, k, v, dout))
     hkv = k.shape[2]
     group = q.shape[2] // hkv
-    p, t, _, x = _probs(q, k, scale, causal, window, softcap)
+    p, t, _, x = _probs(q, k, scale, causal, window, softcap, shift=shift)
     if lse is not None:  # recompute P from the stored LSE; empty rows stay 0
         lse = np.asarray(lse, precision)[..., None]
         p = np.exp(x - np.where(np.isfinite(lse), lse, np.inf))

@@ -12,4 +12,5 @@ if __name__ == "__main__":
     import test_cpu  # noqa: E402
 
     test_cpu.RNG_SEED[0] = seed
-    harness.main(["test_build", "test_cpu", "test_gpu", "test_fp8", "test_varlen", "test_paged"])
+    harness.main(["test_build", "test_cpu", "test_gpu", "test_fp8", "test_varlen", "test_paged",
+                 "test_context"])

@@ -17,10 +17,11 @@
     X(dout_layout) X(dq_layout) X(dk_layout) X(dv_layout) X(num_splits) X(o_dtype)      \
     X(fp8_scaling) X(q_descale) X(k_descale) X(v_descale) X(cu_seqlens_q) X(cu_seqlens_k)  \
     X(seqused_k) X(block_table) X(max_pages) X(page_size) X(num_pages) X(cache_seqlens)   \
-    X(k_new) X(v_new) X(k_new_layout) X(v_new_layout) X(seqlen_new)
+    X(k_new) X(v_new) X(k_new_layout) X(v_new_layout) X(seqlen_new) X(positions)          \
+    X(q_position) X(k_position) X(accumulate_grads) X(grads_f32)
 #define FA_TEST_COMBINE_FIELDS(X)                                                       \
     X(num_parts) X(batch) X(heads) X(seqlen) X(head_dim) X(part_dtype) X(o_parts)       \
-    X(lse_parts) X(part_layout) X(dtype) X(o) X(o_layout) X(lse)
+    X(lse_parts) X(part_layout) X(dtype) X(o) X(o_layout) X(lse) X(accumulate)
 #define FA_TEST_QUANTIZE_FIELDS(X)                                                      \
     X(batch) X(heads) X(seqlen) X(head_dim) X(dtype) X(x) X(x_layout) X(out) X(out_layout) \
     X(descale) X(scaling) X(hadamard) X(hadamard_seed)
@@ -53,10 +54,13 @@ int fa_test_quantize_row(const fa_quantize_params *p, int b, int h, int r, float
     return 0;
 }
 
-/* The query rows that may see keys [c0, c1), for the mask test. */
+/* The query rows that may see keys [c0, c1), for the mask test (p's sizes
+   and mask; its positions as resolved). */
 void fa_test_rows_seeing_keys(const fa_params *p, int c0, int c1, int *first, int *last)
 {
-    fa_i_rows_seeing_keys(p, c0, c1, first, last);
+    fa_params r = *p;
+    if (!r.positions) fa_i_bottom_right(&r);
+    fa_i_rows_seeing_keys(&r, c0, c1, first, last);
 }
 
 /* The CPU path's exp2 over one row (vector lanes, then the scalar tail), for

@@ -57,6 +57,7 @@ static size_t descales(const fa_params *p, int heads, int seq)
 static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
 {
     const size_t es = fa_dtype_size(p->dtype), o_es = fa_dtype_size(p->o_dtype);
+    const size_t g_es = p->grads_f32 ? sizeof(float) : es;
     const int fp8 = p->dtype == FA_DTYPE_FP8_E4M3;
     int bad = 0;
     memset(m, 0, sizeof(mirror) * TENSORS);
@@ -70,9 +71,9 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
     FA_TEST_UP(V, v, seqlen_k, heads_kv, es)
     FA_TEST_UP(O, o, seqlen_q, heads_q, o_es)
     FA_TEST_UP(DOUT, dout, seqlen_q, heads_q, es)
-    FA_TEST_UP(DQ, dq, seqlen_q, heads_q, es)
-    FA_TEST_UP(DK, dk, seqlen_k, heads_kv, es)
-    FA_TEST_UP(DV, dv, seqlen_k, heads_kv, es)
+    FA_TEST_UP(DQ, dq, seqlen_q, heads_q, g_es)
+    FA_TEST_UP(DK, dk, seqlen_k, heads_kv, g_es)
+    FA_TEST_UP(DV, dv, seqlen_k, heads_kv, g_es)
 #undef FA_TEST_UP
     if (fp8) {
         bad |= up(&m[QD], (void *)p->q_descale, sizeof(float) * descales(p, p->heads_q, p->seqlen_q));

@@ -519,12 +519,18 @@ def _null_part(c, ptrs):
     ptrs[1] = None
 
 
+def _o_is_part(c, ptrs):
+    c.accumulate, ptrs[1] = 1, c.o
+
+
 for name, mutate, expected in (
         ("parts_0", _cset(num_parts=0), "FA_ERR_INVALID_ARGUMENT"),
         ("parts_too_many", _cset(num_parts=129), "FA_ERR_INVALID_ARGUMENT"),
         ("null_part", _null_part, "FA_ERR_NULL_POINTER"),
         ("null_o", _cset(o=None), "FA_ERR_NULL_POINTER"),
-        ("part_dtype_mismatch", _cset(part_dtype=fa.DTYPES["f16"]), "FA_ERR_INVALID_ARGUMENT"),
+        ("part_dtype_fp8", _cset(part_dtype=fa.DTYPES["fp8"]), "FA_ERR_INVALID_ARGUMENT"),
+        ("accumulate_without_lse", _cset(accumulate=1, lse=None), "FA_ERR_NULL_POINTER"),
+        ("accumulate_into_a_part", _o_is_part, "FA_ERR_INVALID_ARGUMENT"),
         ("heads_0", _cset(heads=0), "FA_ERR_INVALID_SIZE"),
         ("o_rows_overlap", _cset(o_layout=fa.Layout(0, 8, 16)), "FA_ERR_INVALID_LAYOUT")):
     case(f"bad_combine_{name}", _bad_combine, mutate, expected)
@@ -752,7 +758,11 @@ def rows_seeing_keys_cover_the_mask():
         p.seqlen_q, p.seqlen_k, p.causal = nq, nk, int(causal)
         if window is not None:
             p.window, (p.window_left, p.window_right) = 1, window
-        visible = ~reference.mask(nq, nk, causal, window)
+        shift = None
+        if rng.integers(3) == 0:  # a chunk pair's positions
+            p.positions, p.q_position, p.k_position = 1, *(int(x) for x in rng.integers(0, 400, 2))
+            shift = p.q_position - p.k_position
+        visible = ~reference.mask(nq, nk, causal, window, shift)
         empty = ~visible.any(axis=1)
         bn = int(rng.integers(1, 70))
         for c0 in range(0, nk, bn):

@@ -155,6 +155,11 @@ static void fz_make(fz_problem *z)
         p->window_right = fz_int(-1, 10);
     }
     if (fz_int(0, 3) == 0) p->softcap = (float)fz_int(5, 30);
+    if (fz_int(0, 4) == 0) { /* a chunk pair of a longer sequence */
+        p->positions = 1;
+        p->q_position = fz_int(0, 200);
+        p->k_position = fz_int(0, 200);
+    }
     p->num_splits = fz_int(0, 2) == 0 ? fz_int(1, 4) : 0;
     if (p->dtype == FA_DTYPE_FP8_E4M3) {
         p->o_dtype = fz_int(0, 1) ? FA_DTYPE_BF16 : FA_DTYPE_F16;
@@ -222,12 +227,12 @@ static void fz_describe(const fz_problem *z, const char *what, double err)
 {
     const fa_params *p = &z->p;
     printf("FAIL %s (%.3g): B %d Hq %d Hkv %d Nq %d Nk %d d %d dtype %d o_dtype %d scaling %d "
-           "head_dim_v %d scale %g causal %d window %d (%d, %d) softcap %g splits %d threads %d order %d "
-           "pack_bytes %lld backward %d; %s\n",
+           "head_dim_v %d scale %g causal %d window %d (%d, %d) positions %d (%d, %d) softcap %g "
+           "splits %d threads %d order %d pack_bytes %lld backward %d; %s\n",
            what, err, p->batch, p->heads_q, p->heads_kv, p->seqlen_q, p->seqlen_k, p->head_dim,
            (int)p->dtype, (int)p->o_dtype, (int)p->fp8_scaling, p->head_dim_v, p->scale, p->causal,
-           p->window,
-           p->window_left, p->window_right, p->softcap, p->num_splits, z->opt.num_threads,
+           p->window, p->window_left, p->window_right, p->positions, p->q_position, p->k_position,
+           p->softcap, p->num_splits, z->opt.num_threads,
            (int)z->opt.order, (long long)z->opt.pack_bytes, z->backward, fa_last_error_detail());
 }
 

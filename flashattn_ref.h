@@ -87,6 +87,14 @@ static double fa_ref_input(const fa_params *p, const void *base, const fa_layout
     return x * descales[fa_i_descale_index(p->fp8_scaling, b, h, heads, seqlen, row)];
 }
 
+/* The positions as the caller gave them: the mask below applies its own
+   rule rather than the one fa_params_resolve writes into them. */
+static void fa_ref_own_positions(fa_params *p, const fa_params *given)
+{
+    p->q_position = given->q_position;
+    p->k_position = given->k_position;
+}
+
 static int fa_ref_masked(const fa_params *p, int r, int c)
 {
     /* query r's position minus key 0's: bottom-right, or the given positions */
@@ -151,6 +159,7 @@ FA_API fa_status fa_ref_forward(const fa_params *params)
     int b, h, r, c, i;
     if (s != FA_OK) return s;
     if (p.cu_seqlens_q || p.block_table) return FA_ERR_UNSUPPORTED; /* dense problems only */
+    fa_ref_own_positions(&p, params);
     prob = (double *)malloc(sizeof(double) * (size_t)p.seqlen_q * p.seqlen_k);
     lse = (double *)malloc(sizeof(double) * (size_t)p.seqlen_q);
     if (!prob || !lse) {
@@ -188,6 +197,7 @@ FA_API fa_status fa_ref_backward(const fa_params *params)
     int b, h, hk, r, c, i;
     if (s != FA_OK) return s;
     if (p.cu_seqlens_q || p.block_table) return FA_ERR_UNSUPPORTED; /* dense problems only */
+    fa_ref_own_positions(&p, params);
     prob = (double *)malloc(sizeof(double) * nqk);
     dprob = (double *)malloc(sizeof(double) * nqk);
     th = (double *)malloc(sizeof(double) * nqk);

@@ -1765,6 +1765,23 @@ static __device__ __forceinline__ void fa_i_fa3_turn_end(int pingpong, int cw, i
     if (pingpong) fa_i_named_arrive(1 + (cw + 1) % nc, 256);
 }
 
+/* A consumer's wgmma results landed (after the wait): S(n)'s n_s registers
+   fenced and K(n)'s stage handed back to the producer; or O's n_o and P's
+   n_pr registers fenced and V(n - 1)'s stage handed back. */
+static __device__ __forceinline__ void fa_i_fa3_s_landed(const fa_i_fa3_smem *L, fa_i_ring kn,
+                                                         float *s, int n_s)
+{
+    fa_i_fence_f32(s, n_s);
+    if ((threadIdx.x & 31) == 0) fa_i_mbar_arrive(L->k_empty + 8 * kn.stage);
+}
+static __device__ __forceinline__ void fa_i_fa3_pv_landed(const fa_i_fa3_smem *L, fa_i_ring vprev,
+                                                          float *o, int n_o, uint32_t *pr, int n_pr)
+{
+    fa_i_fence_f32(o, n_o);
+    fa_i_fence_u32(pr, n_pr);
+    if ((threadIdx.x & 31) == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
+}
+
 /* The persistent schedule: the k-th tile of this CTA, or 0 when it has no
    more. CTAs take pairs of tiles in turn (pair u: tiles 2u and 2u + 1);
    within a head the query blocks run M-1, 0, M-2, 1, ... under causal
@@ -2025,8 +2042,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
     FA_I_KNAME_V(fa_i_fa3_qk)(s, sq_wg, L->sk + kn.stage * TILE);
     fa_i_fa3_turn_end(PINGPONG, cw, NC);
     FA_I_WGMMA_WAIT(0);
-    fa_i_fence_f32(s, BN / 2);
-    if ((threadIdx.x & 31) == 0) fa_i_mbar_arrive(L->k_empty + 8 * kn.stage);
+    fa_i_fa3_s_landed(L, kn, s, BN / 2);
     if (p->softcap > 0.0f)
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] *= s_mul;
@@ -2061,12 +2077,10 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_rowmax)(
     int cw, FA_I_FA3_ROWS_STATE)
 {
     enum { BN = FA_I_FA3_BN };
-    const int lane = threadIdx.x & 31;
     int i;
     FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(1);
-    fa_i_fence_f32(s, BN / 2);
-    if (lane == 0) fa_i_mbar_arrive(L->k_empty + 8 * kn.stage);
+    fa_i_fa3_s_landed(L, kn, s, BN / 2);
     if (p->softcap > 0.0f)
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] *= s_mul;
@@ -2074,9 +2088,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_rowmax)(
     alpha[0] *= o_mul;
     alpha[1] *= o_mul;
     FA_I_WGMMA_WAIT(0);
-    fa_i_fence_f32(o, FA_I_D / 2);
-    fa_i_fence_u32(pr, FA_I_FA3_PR);
-    if (lane == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
+    fa_i_fa3_pv_landed(L, vprev, o, FA_I_D / 2, pr, FA_I_FA3_PR);
     FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
 }
 
@@ -2089,18 +2101,14 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_spec)(
     float *e)
 {
     enum { BN = FA_I_FA3_BN };
-    const int lane = threadIdx.x & 31;
     int redo;
     FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(1);
-    fa_i_fence_f32(s, BN / 2);
-    if (lane == 0) fa_i_mbar_arrive(L->k_empty + 8 * kn.stage);
+    fa_i_fa3_s_landed(L, kn, s, BN / 2);
     redo = FA_I_KNAME_V(fa_i_fa3_softmax_spec)(p, s, e, pr, 0, n * BN, mask, lo, hi, log2_scale,
                                                m_run, l_run, alpha);
     FA_I_WGMMA_WAIT(0);
-    fa_i_fence_f32(o, FA_I_D / 2);
-    fa_i_fence_u32(pr, BN / 4);
-    if (lane == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
+    fa_i_fa3_pv_landed(L, vprev, o, FA_I_D / 2, pr, FA_I_FA3_PR);
     FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, e, pr, alpha, redo);
 }
 
@@ -2112,14 +2120,10 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_packed)(
     int n, int mask, const int *lo, const int *hi, float log2_scale, int cw, FA_I_FA3_ROWS_STATE)
 {
     enum { BN = FA_I_FA3_BN };
-    const int lane = threadIdx.x & 31;
     FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(0);
-    fa_i_fence_f32(s, BN / 2);
-    if (lane == 0) fa_i_mbar_arrive(L->k_empty + 8 * kn.stage);
-    fa_i_fence_f32(o, FA_I_D / 2);
-    fa_i_fence_u32(pr, BN / 4);
-    if (lane == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
+    fa_i_fa3_s_landed(L, kn, s, BN / 2);
+    fa_i_fa3_pv_landed(L, vprev, o, FA_I_D / 2, pr, FA_I_FA3_PR);
     if (FA_I_KNAME_V(fa_i_fa3_softmax_spec)(p, s, NULL, pr, 1, n * BN, mask, lo, hi, log2_scale,
                                             m_run, l_run, alpha))
         FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);

@@ -29,7 +29,8 @@ GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 .PHONY: all bench-libs cuda-lib numpy test demo bench bench-build bench-decode bench-cpu sanitize clean
 
 CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
-            $(BUILD)/libflashattn_tiles_test.so $(BUILD)/libflashattn_portable_test.so
+            $(BUILD)/libflashattn_tiles_test.so $(BUILD)/libflashattn_portable_test.so \
+            $(BUILD)/libflashattn_avx2_test.so
 
 all: $(CPU_LIBS) $(BUILD)/cpu_attention $(GPU_LIBS) $(GPU_DEMO)
 
@@ -50,6 +51,11 @@ $(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 # The portable C kernels (no SIMD), the oracle the SIMD kernels are tested against.
 $(BUILD)/libflashattn_portable_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_SIMD=0 -fPIC -shared -o $@ tests/shim.c -lm -pthread
+
+# The AVX2 microkernels where the compiler would pick AVX-512 ones (the same
+# bits, tested).
+$(BUILD)/libflashattn_avx2_test.so: tests/shim.c $(HEADERS) | $(BUILD)
+	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_AVX512=0 -fPIC -shared -o $@ tests/shim.c -lm -pthread
 
 # The GPU library split over translation units (FA_CUDA_SPLIT in
 # flashattn_cuda.cuh), each compiled from the header itself, so that

@@ -64,6 +64,8 @@
      FA_NO_THREADS            single-threaded build, no pthreads
      FA_CPU_SIMD              1 = AVX2 + FMA microkernels, 0 = portable C
                               (default 1 where __AVX2__ and __FMA__ are defined)
+     FA_CPU_AVX512            1 = the products on AVX-512 microkernels
+                              (default 1 where __AVX512F__ and FA_CPU_SIMD)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
      FA_CPU_BLOCK_N           key rows per CPU tile        (default 64)
      FA_CPU_PACK_BYTES        most bytes of K/V (forward) or Q/dO (backward)
@@ -524,13 +526,25 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #endif
 
 /* The CPU path's SIMD kernels: 1 where the compiler targets AVX2 and FMA
-   (-march=native, or -mavx2 -mfma), else 0, the portable C kernels. */
+   (-march=native, or -mavx2 -mfma), else 0, the portable C kernels. With
+   them, FA_CPU_AVX512 1 (where the compiler targets AVX-512F) runs the
+   products on AVX-512 microkernels; the rest stays AVX2. */
 #ifndef FA_CPU_SIMD
 #if defined(__AVX2__) && defined(__FMA__)
 #define FA_CPU_SIMD 1
 #else
 #define FA_CPU_SIMD 0
 #endif
+#endif
+#ifndef FA_CPU_AVX512
+#if FA_CPU_SIMD && defined(__AVX512F__)
+#define FA_CPU_AVX512 1
+#else
+#define FA_CPU_AVX512 0
+#endif
+#endif
+#if FA_CPU_AVX512 && (!FA_CPU_SIMD || !defined(__AVX512F__))
+#error "flashattn: FA_CPU_AVX512 1 needs FA_CPU_SIMD and AVX-512F (-mavx512f, or -march=native)"
 #endif
 #if FA_CPU_SIMD
 #if !defined(__AVX2__) || !defined(__FMA__)
@@ -1099,61 +1113,105 @@ static float fa_i_hmax(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* C[R][16] (+)= A[R][K] B[K][16] (row-major, leading dimensions): the R x 16
-   block of C in 2 R ymm registers (R <= 6: 12 of AVX2's 16, beside B's two
-   and a broadcast), K streaming past. The accumulators are named variables,
-   not an array: GCC keeps an array in memory and stores it every step. One
-   macro stamps the row counts. */
-#define FA_I_UK_ROWS_1(X) X(0)
-#define FA_I_UK_ROWS_2(X) X(0) X(1)
-#define FA_I_UK_ROWS_3(X) X(0) X(1) X(2)
-#define FA_I_UK_ROWS_4(X) X(0) X(1) X(2) X(3)
-#define FA_I_UK_ROWS_5(X) X(0) X(1) X(2) X(3) X(4)
-#define FA_I_UK_ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define FA_I_UK_DECL(r) __m256 c##r##0, c##r##1;
-#define FA_I_UK_INIT(r)                                                                        \
-    c##r##0 = accumulate ? _mm256_loadu_ps(c + (size_t)(r) * ldc) : _mm256_setzero_ps();      \
-    c##r##1 = accumulate ? _mm256_loadu_ps(c + (size_t)(r) * ldc + 8) : _mm256_setzero_ps();
-#define FA_I_UK_FMA(r)                                                                         \
-    {                                                                                          \
-        const __m256 x_ = _mm256_broadcast_ss(a + (size_t)(r) * lda + k);                       \
-        c##r##0 = _mm256_fmadd_ps(x_, b0, c##r##0);                                            \
-        c##r##1 = _mm256_fmadd_ps(x_, b1, c##r##1);                                            \
+/* C[R][V w] (+)= A[R][K] B[K][V w] (row-major, leading dimensions), w the
+   vector width: the R x V w block of C in R V vector registers, K streaming
+   past (AVX2: R <= 6, V = 2, 12 of its 16 ymm registers beside B's two and a
+   broadcast; AVX-512: R <= 12, V = 2 or 1, 24 of its 32 zmm). Each element
+   of C sums its K products in order with one FMA each in both, so the two
+   give the same bits. The accumulators are named variables, not an array:
+   GCC keeps an array in memory and stores it every step. One macro stamps
+   the row counts and widths. */
+#if FA_CPU_AVX512
+#define FA_I_VEC __m512
+#define FA_I_VLOAD _mm512_loadu_ps
+#define FA_I_VSTORE _mm512_storeu_ps
+#define FA_I_VZERO _mm512_setzero_ps
+#define FA_I_VFMA _mm512_fmadd_ps
+#define FA_I_VBROADCAST(p) _mm512_set1_ps(*(p))
+#define FA_I_VW 16          /* floats a vector */
+#define FA_I_UK_MAX_ROWS 12 /* rows a microkernel holds */
+#else
+#define FA_I_VEC __m256
+#define FA_I_VLOAD _mm256_loadu_ps
+#define FA_I_VSTORE _mm256_storeu_ps
+#define FA_I_VZERO _mm256_setzero_ps
+#define FA_I_VFMA _mm256_fmadd_ps
+#define FA_I_VBROADCAST(p) _mm256_broadcast_ss(p)
+#define FA_I_VW 8
+#define FA_I_UK_MAX_ROWS 6
+#endif
+#define FA_I_UK_ROWS_1(X, V) X(0, V)
+#define FA_I_UK_ROWS_2(X, V) FA_I_UK_ROWS_1(X, V) X(1, V)
+#define FA_I_UK_ROWS_3(X, V) FA_I_UK_ROWS_2(X, V) X(2, V)
+#define FA_I_UK_ROWS_4(X, V) FA_I_UK_ROWS_3(X, V) X(3, V)
+#define FA_I_UK_ROWS_5(X, V) FA_I_UK_ROWS_4(X, V) X(4, V)
+#define FA_I_UK_ROWS_6(X, V) FA_I_UK_ROWS_5(X, V) X(5, V)
+#define FA_I_UK_ROWS_7(X, V) FA_I_UK_ROWS_6(X, V) X(6, V)
+#define FA_I_UK_ROWS_8(X, V) FA_I_UK_ROWS_7(X, V) X(7, V)
+#define FA_I_UK_ROWS_9(X, V) FA_I_UK_ROWS_8(X, V) X(8, V)
+#define FA_I_UK_ROWS_10(X, V) FA_I_UK_ROWS_9(X, V) X(9, V)
+#define FA_I_UK_ROWS_11(X, V) FA_I_UK_ROWS_10(X, V) X(10, V)
+#define FA_I_UK_ROWS_12(X, V) FA_I_UK_ROWS_11(X, V) X(11, V)
+/* Vector j (< V) of row r: accumulator c<r>_<j>. */
+#define FA_I_UK_VECS_1(X, r) X(r, 0)
+#define FA_I_UK_VECS_2(X, r) X(r, 0) X(r, 1)
+#define FA_I_UK_DECL1(r, j) FA_I_VEC c##r##_##j;
+#define FA_I_UK_INIT1(r, j)                                                                     \
+    c##r##_##j = accumulate ? FA_I_VLOAD(c + (size_t)(r) * ldc + (j) * FA_I_VW) : FA_I_VZERO();
+#define FA_I_UK_FMA1(r, j) c##r##_##j = FA_I_VFMA(x_, b##j, c##r##_##j);
+#define FA_I_UK_STORE1(r, j) FA_I_VSTORE(c + (size_t)(r) * ldc + (j) * FA_I_VW, c##r##_##j);
+#define FA_I_UK_DECL(r, V) FA_I_UK_VECS_##V(FA_I_UK_DECL1, r)
+#define FA_I_UK_INIT(r, V) FA_I_UK_VECS_##V(FA_I_UK_INIT1, r)
+#define FA_I_UK_STORE(r, V) FA_I_UK_VECS_##V(FA_I_UK_STORE1, r)
+#define FA_I_UK_FMA(r, V)                                                                        \
+    {                                                                                            \
+        const FA_I_VEC x_ = FA_I_VBROADCAST(a + (size_t)(r) * lda + k);                          \
+        FA_I_UK_VECS_##V(FA_I_UK_FMA1, r)                                                        \
     }
-#define FA_I_UK_STORE(r)                                                                       \
-    _mm256_storeu_ps(c + (size_t)(r) * ldc, c##r##0);                                          \
-    _mm256_storeu_ps(c + (size_t)(r) * ldc + 8, c##r##1);
-#define FA_I_DEFINE_UKERNEL(R)                                                                 \
-    static void fa_i_ukernel_##R(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a,     \
-                                 int lda, const float *FA_RESTRICT b, int ldb, int K,          \
-                                 int accumulate)                                              \
-    {                                                                                          \
-        FA_I_UK_ROWS_##R(FA_I_UK_DECL) int k;                                                  \
-        FA_I_UK_ROWS_##R(FA_I_UK_INIT)                                                         \
-        for (k = 0; k < K; ++k) {                                                              \
-            const __m256 b0 = _mm256_loadu_ps(b + (size_t)k * ldb);                             \
-            const __m256 b1 = _mm256_loadu_ps(b + (size_t)k * ldb + 8);                         \
-            FA_I_UK_ROWS_##R(FA_I_UK_FMA)                                                      \
-        }                                                                                      \
-        FA_I_UK_ROWS_##R(FA_I_UK_STORE)                                                        \
+#define FA_I_UK_LOADB1(r, j) const FA_I_VEC b##j = FA_I_VLOAD(b + (size_t)k * ldb + (j) * FA_I_VW);
+#define FA_I_DEFINE_UKERNEL(R, V)                                                                \
+    static void fa_i_ukernel_##R##_##V(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a, \
+                                       int lda, const float *FA_RESTRICT b, int ldb, int K,      \
+                                       int accumulate)                                          \
+    {                                                                                            \
+        FA_I_UK_ROWS_##R(FA_I_UK_DECL, V) int k;                                                 \
+        FA_I_UK_ROWS_##R(FA_I_UK_INIT, V)                                                        \
+        for (k = 0; k < K; ++k) {                                                                \
+            FA_I_UK_VECS_##V(FA_I_UK_LOADB1, ~)                                                  \
+            FA_I_UK_ROWS_##R(FA_I_UK_FMA, V)                                                     \
+        }                                                                                        \
+        FA_I_UK_ROWS_##R(FA_I_UK_STORE, V)                                                       \
     }
-FA_I_DEFINE_UKERNEL(6)
-FA_I_DEFINE_UKERNEL(5)
-FA_I_DEFINE_UKERNEL(4)
-FA_I_DEFINE_UKERNEL(3)
-FA_I_DEFINE_UKERNEL(2)
-FA_I_DEFINE_UKERNEL(1)
+typedef void (*fa_i_ukernel)(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a, int lda,
+                             const float *FA_RESTRICT b, int ldb, int K, int accumulate);
+/* The microkernel table: fa_i_ukernels[V - 1][R - 1] holds R rows of V vectors. */
+#define FA_I_UK_AVX2_ROWS(X, V) X(1, V) X(2, V) X(3, V) X(4, V) X(5, V) X(6, V)
+#if FA_CPU_AVX512
+#define FA_I_UK_ALL_ROWS(X, V) \
+    FA_I_UK_AVX2_ROWS(X, V) X(7, V) X(8, V) X(9, V) X(10, V) X(11, V) X(12, V)
+#else
+#define FA_I_UK_ALL_ROWS(X, V) FA_I_UK_AVX2_ROWS(X, V)
+#endif
+#define FA_I_UK_STAMP(R, V) FA_I_DEFINE_UKERNEL(R, V)
+#define FA_I_UK_ENTRY(R, V) fa_i_ukernel_##R##_##V,
+FA_I_UK_ALL_ROWS(FA_I_UK_STAMP, 1)
+FA_I_UK_ALL_ROWS(FA_I_UK_STAMP, 2)
+static const fa_i_ukernel fa_i_ukernels[2][FA_I_UK_MAX_ROWS] = {
+    {FA_I_UK_ALL_ROWS(FA_I_UK_ENTRY, 1)}, {FA_I_UK_ALL_ROWS(FA_I_UK_ENTRY, 2)}};
+#undef FA_I_UK_STAMP
+#undef FA_I_UK_ENTRY
+#undef FA_I_UK_ALL_ROWS
+#undef FA_I_UK_AVX2_ROWS
 #undef FA_I_DEFINE_UKERNEL
-#undef FA_I_UK_ROWS_1
-#undef FA_I_UK_ROWS_2
-#undef FA_I_UK_ROWS_3
-#undef FA_I_UK_ROWS_4
-#undef FA_I_UK_ROWS_5
-#undef FA_I_UK_ROWS_6
-#undef FA_I_UK_DECL
-#undef FA_I_UK_INIT
+#undef FA_I_UK_LOADB1
 #undef FA_I_UK_FMA
 #undef FA_I_UK_STORE
+#undef FA_I_UK_INIT
+#undef FA_I_UK_DECL
+#undef FA_I_UK_STORE1
+#undef FA_I_UK_FMA1
+#undef FA_I_UK_INIT1
+#undef FA_I_UK_DECL1
 #endif /* FA_CPU_SIMD */
 
 #if !FA_CPU_SIMD
@@ -1194,28 +1252,27 @@ FA_I_DEFINE_MATMUL_ROWS(1)
 #undef FA_I_NR
 #endif /* !FA_CPU_SIMD */
 
-/* C[M x N] (+)= A[M x K] * B[K x N] (accumulate 0: C = A B). SIMD: 16-column
-   blocks of C outer (B's block, K x 64 bytes, stays in L1 while the rows of
-   A stream past), 6-row microkernels inner; N must be a multiple of 16
-   (FA_I_PAD). Portable: blocks of 8 rows, then 4, then single rows. */
+/* C[M x N] (+)= A[M x K] * B[K x N] (accumulate 0: C = A B). SIMD: column
+   blocks of C outer (2 vectors wide, a last one of 1 where N leaves 16
+   columns; B's block, K x 64 or 128 bytes, stays in L1 while the rows of A
+   stream past), microkernels of up to FA_I_UK_MAX_ROWS rows inner; N must
+   be a multiple of 16 (FA_I_PAD). Portable: blocks of 8 rows, then 4, then
+   single rows. */
 static void fa_i_gemm(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a, int lda,
                       const float *FA_RESTRICT b, int ldb, int M, int N, int K, int accumulate)
 {
     int i, n;
 #if FA_CPU_SIMD
-    for (n = 0; n < N; n += 16)
+    for (n = 0; n < N;) {
+        const int vecs = N - n >= 2 * FA_I_VW ? 2 : 1;
         for (i = 0; i < M;) {
-            float *ci = c + (size_t)i * ldc + n;
-            const float *ai = a + (size_t)i * lda, *bn = b + n;
-            switch (M - i < 6 ? M - i : 6) {
-            case 6: fa_i_ukernel_6(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 6; break;
-            case 5: fa_i_ukernel_5(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 5; break;
-            case 4: fa_i_ukernel_4(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 4; break;
-            case 3: fa_i_ukernel_3(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 3; break;
-            case 2: fa_i_ukernel_2(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 2; break;
-            default: fa_i_ukernel_1(ci, ldc, ai, lda, bn, ldb, K, accumulate); i += 1; break;
-            }
+            const int rows = M - i < FA_I_UK_MAX_ROWS ? M - i : FA_I_UK_MAX_ROWS;
+            fa_i_ukernels[vecs - 1][rows - 1](c + (size_t)i * ldc + n, ldc, a + (size_t)i * lda,
+                                              lda, b + n, ldb, K, accumulate);
+            i += rows;
         }
+        n += vecs * FA_I_VW;
+    }
 #else
     if (!accumulate)
         for (i = 0; i < M; ++i)

@@ -63,6 +63,9 @@ void fa_test_rows_seeing_keys(const fa_params *p, int c0, int c1, int *first, in
     fa_i_rows_seeing_keys(&r, c0, c1, first, last);
 }
 
+/* Whether this build's products run on the AVX-512 microkernels. */
+int fa_test_cpu_avx512(void) { return FA_CPU_AVX512; }
+
 /* The CPU path's exp2 over one row (vector lanes, then the scalar tail), for
    the test that measures its error in ulps. */
 float fa_test_exp_row(float *row, int n, float max) { return fa_i_exp_row(row, n, max); }

@@ -35,6 +35,9 @@ case("build_c99_no_threads", compile_source, ["gcc"],
      ["-std=c99", "-DFA_NO_THREADS"] + WARN, TU, ".c")
 case("build_cxx_strict", compile_source, ["g++"], ["-std=c++11"] + WARN + ["-pthread"], TU,
      ".cpp")
+for isa, flags in (("avx2", ["-mavx2", "-mfma"]), ("avx512", ["-mavx2", "-mfma", "-mavx512f"])):
+    case(f"build_c99_strict_{isa}", compile_source, ["gcc"], ["-std=c99"] + flags + WARN +
+         ["-pthread"], TU, ".c")
 case("build_nvcc_host", compile_source, ["nvcc"], ["-Xcompiler", "-Wall,-Wextra"], TU, ".cu")
 
 

@@ -377,6 +377,31 @@ for i, cfg in enumerate(SIMD_CASES):
 
 
 @test
+def avx512_microkernels_give_the_avx2_bits():
+    """Where the default build runs its products on AVX-512 microkernels, the
+    AVX2 ones (FA_CPU_AVX512=0) give the same bits: every element sums its
+    products in the same order with one FMA each."""
+    if not fa.CPU.fa_test_cpu_avx512():
+        raise Skip("this build targets no AVX-512 (its products run on the AVX2 microkernels)")
+    if fa.CPU_AVX2 is None:
+        raise Skip("fa.CPU_AVX2 is not built: run the tests through `make test`")
+    for i, cfg in enumerate(SIMD_CASES):
+        prob = fa.Problem(rng_for(f"avx512{i}"), **cfg)
+
+        def run():
+            status, o, lse = prob.forward("fa2")
+            assert status == fa.FA_OK, fa.status_name(status)
+            status, *grads = prob.backward(o, lse, "fa2")
+            assert status == fa.FA_OK, fa.status_name(status)
+            return [o, lse] + grads
+
+        wide, narrow = run(), with_cpu_library("CPU_AVX2", run)
+        for a, b in zip(wide, narrow):
+            assert np.array_equal(a, b, equal_nan=True), cfg
+    return f"{len(SIMD_CASES)} problems, forward and backward"
+
+
+@test
 def exp2_error_under_one_ulp():
     """The softmax's exp2 (vector lanes and scalar tail, in both builds) on
     [-126, 0] against float64, and exact 0 below -126 and at -inf."""

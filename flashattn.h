@@ -821,14 +821,16 @@ static fa_i_span fa_i_span_of(const char *name, const void *ptr, const fa_layout
 }
 
 /* Aliasing rule: no output may overlap an input or another output (an
-   output over an input would be read after it was written: FA_ERR_INVALID_LAYOUT). */
-static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
+   output over an input would be read after it was written: FA_ERR_INVALID_LAYOUT);
+   nor may a GPU call's workspace (ws_bytes at ws, 0: none) overlap either. */
+static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass, const void *ws,
+                                     size_t ws_bytes)
 {
     const int b = p->batch, nq = p->seqlen_q, nk = p->seqlen_k, hq = p->heads_q, hk = p->heads_kv;
     const int d = p->head_dim, dv = p->head_dim_v;
     const int64_t lse_bytes = (int64_t)b * hq * nq * 4;
     const fa_dtype gt = fa_i_grad_dtype(p);
-    fa_i_span in[8], out[3];
+    fa_i_span in[8], out[4];
     int ni = 0, no = 0, i, j;
     /* a paged cache spans its pages (and takes k_new, v_new in) */
     const int kb = p->block_table ? p->num_pages : b, kn = p->block_table ? p->page_size : nk;
@@ -853,6 +855,10 @@ static fa_status fa_i_check_aliasing(const fa_params *p, fa_pass pass)
         out[no++] = fa_i_span_of("dq", p->dq, &p->dq_layout, b, nq, hq, d, gt);
         out[no++] = fa_i_span_of("dk", p->dk, &p->dk_layout, b, nk, hk, d, gt);
         out[no++] = fa_i_span_of("dv", p->dv, &p->dv_layout, b, nk, hk, dv, gt);
+    }
+    if (ws_bytes) {
+        out[no].name = "the workspace", out[no].lo = (uintptr_t)ws;
+        out[no].hi = out[no].lo + (uintptr_t)ws_bytes, ++no;
     }
     for (i = 0; i < no; ++i) {
         for (j = 0; j < ni; ++j)
@@ -991,7 +997,7 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
         FA_I_CHECK(dv_layout, seqlen_k, heads_kv, head_dim_v)
     }
 #undef FA_I_CHECK
-    if (!r.cu_seqlens_q && (s = fa_i_check_aliasing(&r, pass)) != FA_OK) return s;
+    if (!r.cu_seqlens_q && (s = fa_i_check_aliasing(&r, pass, NULL, 0)) != FA_OK) return s;
     if (resolved) *resolved = r;
     return FA_OK;
 }
@@ -2388,7 +2394,7 @@ static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_
         FA_I_CHECK(dv_layout, seqlen_k, heads_kv, head_dim_v)
     }
 #undef FA_I_CHECK
-    return fa_i_check_aliasing(&whole, pass);
+    return fa_i_check_aliasing(&whole, pass, NULL, 0);
 }
 
 /* Rows [r0, r1) of every head of a packed tensor set to zero. */

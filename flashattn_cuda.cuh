@@ -4851,6 +4851,7 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
     if (plan.workspace && (!workspace || workspace_size < plan.workspace || (uintptr_t)workspace % 16))
         return fa_i_fail(FA_ERR_WORKSPACE, "this forward needs %zu bytes of workspace, 16-byte aligned",
                          plan.workspace);
+    if ((s = fa_i_check_aliasing(p, FA_PASS_FORWARD, workspace, plan.workspace)) != FA_OK) return s;
 #if FA_VARIANT == 1
     {
         const size_t smem = sizeof(float) * FA_I_FA1_KEYS * (2 * p->head_dim + FA_I_FA1_THREADS);
@@ -5070,6 +5071,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     need = own + fa_i_grad_stage_bytes(&caller, &dq_bytes, &dk_bytes);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
         return fa_i_fail(FA_ERR_WORKSPACE, "backward needs %zu bytes, 16-byte aligned", need);
+    if ((s = fa_i_check_aliasing(&caller, FA_PASS_BACKWARD, workspace, need)) != FA_OK) return s;
     staged = caller;
     if (need > own) {
         char *at = (char *)workspace + own;

@@ -164,8 +164,10 @@ def main():
     import numpy as np
     quick = "--quick" in sys.argv
     threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
-    peak = float(subprocess.run([os.path.join(ROOT, "build", "fma_peak"), str(threads)],
-                                capture_output=True, text=True, check=True).stdout)
+    # the best of three: a shared VM's vCPUs sometimes run on one core's two threads
+    peak = max(float(subprocess.run([os.path.join(ROOT, "build", "fma_peak"), str(threads)],
+                                    capture_output=True, text=True, check=True).stdout)
+               for _ in range(3))
     sizes = [1024, 2048] if quick else [1024, 2048, 4096, 8192]
     header = ("| causal | d | N | " + " | ".join(h for _, h, _ in IMPLS) +
               " | fp32 % of peak | vs ORT MHA | flashattn MiB | NumPy MiB | ORT MHA MiB |")

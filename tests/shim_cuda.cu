@@ -149,6 +149,18 @@ fa_status fa_test_gpu_backward(const fa_params *hp, int deterministic)
     return run_backward(hp, deterministic, (size_t)-1);
 }
 
+/* Backward with dq's device copy as its workspace (to test the overlap check). */
+fa_status fa_test_gpu_backward_workspace_on_dq(const fa_params *hp)
+{
+    mirror m[TENSORS];
+    fa_params p, d;
+    fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
+    if (s != FA_OK) return s;
+    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
+    return finish(fa_cuda_backward(&d, 0, d.dq, fa_cuda_backward_workspace_size(&d, 0), 0), m,
+                  NULL);
+}
+
 /* Backward with a workspace of the given size (to test the size check). */
 fa_status fa_test_gpu_backward_workspace(const fa_params *hp, size_t ws_size)
 {

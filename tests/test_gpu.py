@@ -455,6 +455,21 @@ def gpu_bad_workspace_too_small():
     return _gpu_status(shrink, "FA_ERR_UNSUPPORTED", True)
 
 
+@test
+def gpu_bad_workspace_over_an_output():
+    lib = need_gpu()
+
+    def overlap(p, t):
+        before = t["dq"].storage.copy()
+        status = lib.fa_test_gpu_backward_workspace_on_dq(ctypes.byref(p))
+        assert status == fa.STATUS["FA_ERR_INVALID_LAYOUT"], fa.status_name(status)
+        assert "workspace" in lib.fa_last_error_detail().decode()
+        assert np.array_equal(before, t["dq"].storage), "dq was written"
+        p.head_dim = 48  # then let the wrapper's own call fail cleanly too
+
+    return _gpu_status(overlap, "FA_ERR_UNSUPPORTED", True)
+
+
 def _decode_status(mutate, expected, ws_size=None, seqlen_q=2):
     need_gpu()
     prob = fa.Problem(rng_for("dec_bad"), heads_q=8, heads_kv=2, seqlen_q=seqlen_q,

@@ -64,8 +64,9 @@
      FA_NO_THREADS            single-threaded build, no pthreads
      FA_CPU_SIMD              1 = AVX2 + FMA microkernels, 0 = portable C
                               (default 1 where __AVX2__ and __FMA__ are defined)
-     FA_CPU_AVX512            1 = the products on AVX-512 microkernels
-                              (default 1 where __AVX512F__ and FA_CPU_SIMD)
+     FA_CPU_AVX512            1 = the products and exps on AVX-512 (the
+                              same bits; default 1 where __AVX512F__ and
+                              FA_CPU_SIMD)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
      FA_CPU_BLOCK_N           key rows per CPU tile        (default 64)
      FA_CPU_PACK_BYTES        most bytes of K/V (forward) or Q/dO (backward)
@@ -528,7 +529,8 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 /* The CPU path's SIMD kernels: 1 where the compiler targets AVX2 and FMA
    (-march=native, or -mavx2 -mfma), else 0, the portable C kernels. With
    them, FA_CPU_AVX512 1 (where the compiler targets AVX-512F) runs the
-   products on AVX-512 microkernels; the rest stays AVX2. */
+   products on AVX-512 microkernels and the softmax's exps 16 lanes wide;
+   the rest stays AVX2. */
 #ifndef FA_CPU_SIMD
 #if defined(__AVX2__) && defined(__FMA__)
 #define FA_CPU_SIMD 1
@@ -1103,6 +1105,32 @@ static __m256 fa_i_exp2_v(__m256 x)
     return _mm256_or_ps(_mm256_and_ps(poly, keep), nan); /* all ones: a NaN */
 }
 
+#if FA_CPU_AVX512
+/* fa_i_exp2_v on 16 lanes: the same operations, so the same bits. */
+static __m512 fa_i_exp2_v16(__m512 x)
+{
+    const __m512 lowest = _mm512_set1_ps(-126.0f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512 in = x;
+    __m512 xi, f, poly;
+    x = _mm512_max_ps(x, lowest);
+    xi = _mm512_roundscale_ps(_mm512_add_ps(x, _mm512_set1_ps(0.5f)),
+                              _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    f = _mm512_sub_ps(x, xi);
+    poly = _mm512_set1_ps(1.535336188319500e-4f);
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.339887440266574e-3f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(9.618437357674640e-3f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(5.550332471162809e-2f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(2.402264791363012e-1f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(6.931472028550421e-1f));
+    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
+    poly = _mm512_mul_ps(poly, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                   _mm512_add_epi32(_mm512_cvtps_epi32(xi), _mm512_set1_epi32(127)), 23)));
+    return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, poly), nan, in);
+}
+#endif
+
 static float fa_i_hsum(__m256 v)
 {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -1429,6 +1457,15 @@ static float fa_i_exp_row(float *row, int n, float max)
 #if FA_CPU_SIMD
     __m256 acc = _mm256_setzero_ps();
     const __m256 m = _mm256_set1_ps(max);
+#if FA_CPU_AVX512
+    const __m512 m16 = _mm512_set1_ps(max);
+    for (; c + 16 <= n; c += 16) { /* the halves summed in the 8-lane order */
+        const __m512 e = fa_i_exp2_v16(_mm512_sub_ps(_mm512_loadu_ps(row + c), m16));
+        _mm512_storeu_ps(row + c, e);
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+#endif
     for (; c + 8 <= n; c += 8) {
         const __m256 e = fa_i_exp2_v(_mm256_sub_ps(_mm256_loadu_ps(row + c), m));
         _mm256_storeu_ps(row + c, e);

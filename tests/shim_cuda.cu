@@ -272,6 +272,64 @@ fa_status fa_test_gpu_combine(const fa_combine_params *hp)
     return s;
 }
 
+/* Forward then backward captured on a stream into a CUDA graph, the graph
+   launched twice: outputs copied back as the other wrappers do. Returns the
+   library's status (a capture the runtime refuses: FA_ERR_CUDA). */
+fa_status fa_test_gpu_graph(const fa_params *hp, int deterministic)
+{
+    mirror m[TENSORS];
+    fa_params p, d;
+    void *ws = NULL;
+    size_t fwd_bytes, bwd_bytes;
+    cudaStream_t stream = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
+    int i;
+    if (s != FA_OK) return s;
+    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
+    fwd_bytes = fa_cuda_forward_workspace_size(&d);
+    bwd_bytes = fa_cuda_backward_workspace_size(&d, deterministic);
+    if (cudaMalloc(&ws, fwd_bytes > bwd_bytes ? fwd_bytes : bwd_bytes) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+        s = FA_ERR_CUDA;
+    if (s == FA_OK) {
+        s = fa_cuda_forward(&d, ws, fwd_bytes, stream);
+        if (s == FA_OK) s = fa_cuda_backward(&d, deterministic, ws, bwd_bytes, stream);
+        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
+    }
+    if (s == FA_OK && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) s = FA_ERR_CUDA;
+    for (i = 0; i < 2 && s == FA_OK; ++i)
+        if (cudaGraphLaunch(exec, stream) != cudaSuccess) s = FA_ERR_CUDA;
+    if (stream && cudaStreamSynchronize(stream) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
+    cudaGetLastError();
+    return finish(s, m, ws);
+}
+
+static __global__ void fa_test_trap(void) { __trap(); }
+
+/* Run in a process of its own (it ruins the context): a valid forward after
+   a kernel fault left a sticky error (*sticky), and one on a destroyed
+   stream (*bad_stream), each as the library reports it. */
+void fa_test_gpu_faults(const fa_params *hp, int *sticky, int *bad_stream)
+{
+    mirror m[TENSORS];
+    fa_params p, d;
+    cudaStream_t stream;
+    *sticky = *bad_stream = 1;
+    if (fa_params_resolve(hp, FA_PASS_FORWARD, &p) != FA_OK || mirror_all(&p, m, &d) != FA_OK)
+        return;
+    if (cudaStreamCreate(&stream) == cudaSuccess && cudaStreamDestroy(stream) == cudaSuccess)
+        *bad_stream = fa_cuda_forward(&d, NULL, 0, stream);
+    fa_test_trap<<<1, 1>>>();
+    cudaDeviceSynchronize();
+    *sticky = fa_cuda_forward(&d, NULL, 0, 0);
+}
+
 /* Compute capability of the current device as 10 * major + minor, or 0. */
 int fa_test_gpu_cc(void)
 {

@@ -497,3 +497,144 @@ case("gpu_bad_split_no_workspace", _decode_status, _field(), "FA_ERR_WORKSPACE",
      lambda need: 0)
 case("gpu_bad_split_negative", _decode_status, _field(num_splits=-3), "FA_ERR_INVALID_ARGUMENT")
 case("gpu_bad_split_long_queries", _decode_status, _field(), "FA_ERR_UNSUPPORTED", seqlen_q=17)
+
+
+# ---- graphs, faults, determinism, concurrency ----------------------------------
+
+def _gpu_run(prob):
+    """Forward, then the deterministic backward, on the default GPU build:
+    O, LSE, dQ, dK, dV."""
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.status_name(status)
+    status, *grads = prob.backward(o, lse, "gpu_det")
+    assert status == fa.FA_OK, fa.status_name(status)
+    return [o, lse] + grads
+
+
+@test
+def gpu_graph_capture_gives_the_direct_bits():
+    """Forward and deterministic backward captured into a CUDA graph on a
+    stream and launched (twice) give the bits of direct calls: FA3, FA2's
+    head dims, and the decode path's split with its combine."""
+    need_gpu()
+    for cfg in (dict(seqlen_q=300, seqlen_k=500, head_dim=128, causal=True),
+                dict(seqlen_q=200, seqlen_k=333, head_dim=96),
+                dict(heads_q=8, heads_kv=2, seqlen_q=4, seqlen_k=3000, head_dim=64,
+                     num_splits=5)):
+        prob = fa.Problem(rng_for("graph" + str(cfg)), dtype="bf16", **cfg)
+        direct = _gpu_run(prob)
+        t = {n: prob.tensor(n, getattr(prob, n)) for n in ("q", "k", "v", "dout")}
+        for n in ("o", "dq", "dk", "dv"):
+            t[n] = prob.tensor(n)
+        t["lse"] = np.full((prob.b, prob.hq, prob.nq), np.nan, np.float32)
+        p = prob.params(t)
+        status = fa.GPU.fa_test_gpu_graph(ctypes.byref(p), 1)
+        assert status == fa.FA_OK, f"{cfg}: {fa.status_name(status)} " + \
+            fa.GPU.fa_last_error_detail().decode()
+        graph = [t["o"].values(), t["lse"].astype(np.float64)] + \
+                [t[n].values() for n in ("dq", "dk", "dv")]
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), direct, graph):
+            assert np.array_equal(a, b, equal_nan=True), f"{cfg}: {name} differs under a graph"
+
+
+FAULTS = r"""
+import ctypes, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import fa
+prob = fa.Problem(np.random.default_rng(1), seqlen_q=64, seqlen_k=64, head_dim=64, dtype="bf16")
+t = {n: prob.tensor(n, getattr(prob, n)) for n in ("q", "k", "v")}
+t["o"] = prob.tensor("o")
+t["lse"] = np.zeros((1, 2, 64), np.float32)
+p = prob.params(t)
+sticky, stream = ctypes.c_int(), ctypes.c_int()
+fa.GPU.fa_test_gpu_faults(ctypes.byref(p), ctypes.byref(sticky), ctypes.byref(stream))
+print(sticky.value, stream.value, fa.GPU.fa_last_error_detail().decode())
+"""
+
+
+@test
+def gpu_faults_are_reported_as_cuda_errors():
+    """A CUDA error left sticky by an earlier kernel fault, and a destroyed
+    stream: FA_ERR_CUDA with CUDA's message, never success (in a process of
+    its own: the fault ruins the context)."""
+    import os
+    import subprocess
+    import sys
+    need_gpu()
+    out = subprocess.run([sys.executable, "-c", FAULTS, os.path.dirname(os.path.abspath(__file__))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+    sticky, stream, detail = out.stdout.strip().split(" ", 2)
+    assert int(sticky) == fa.STATUS["FA_ERR_CUDA"], f"sticky error: {sticky} {detail}"
+    assert int(stream) == fa.STATUS["FA_ERR_CUDA"], f"destroyed stream: {stream}"
+    assert detail, "no CUDA message"
+    return detail
+
+
+@test
+def gpu_deterministic_backward_bitwise_over_1000_runs():
+    """The deterministic backward on 20 random shapes, 50 runs each: every
+    run's dQ, dK, dV equal the first's bit for bit."""
+    need_gpu()
+    rng = rng_for("det1000")
+    runs = 0
+    for _ in range(20):
+        d = int(rng.choice(HEAD_DIMS))
+        hkv = int(rng.integers(1, 3))
+        prob = fa.Problem(rng, batch=int(rng.integers(1, 3)), heads_q=hkv * int(rng.integers(1, 3)),
+                          heads_kv=hkv, seqlen_q=int(rng.integers(1, 400)),
+                          seqlen_k=int(rng.integers(1, 400)), head_dim=d, dtype="bf16",
+                          causal=bool(rng.integers(2)))
+        status, o, lse = prob.forward("gpu")
+        assert status == fa.FA_OK
+        first = None
+        for _ in range(50):
+            status, *grads = prob.backward(o, lse, "gpu_det")
+            assert status == fa.FA_OK
+            if first is None:
+                first = grads
+            assert all(np.array_equal(a, b) for a, b in zip(first, grads)), \
+                f"run {runs}: d {d}, Nq {prob.nq}, Nk {prob.nk}"
+            runs += 1
+    return f"{runs} runs"
+
+
+@test
+def gpu_concurrent_host_threads():
+    """Four host threads at once: three run their own problems (forward and
+    deterministic backward through the wrappers, which mirror, call and copy
+    back on the default stream), each result the bits of a serial run; one
+    makes bad calls, its status and (thread-local) detail its own. Streams
+    of their own per call: gpu_graph_capture_gives_the_direct_bits."""
+    import threading
+    need_gpu()
+    probs = [fa.Problem(rng_for(f"gconc{i}"), heads_q=4, heads_kv=2, seqlen_q=100 + 50 * i,
+                        seqlen_k=300, head_dim=(64, 128, 96)[i], causal=bool(i % 2),
+                        dtype="bf16") for i in range(3)]
+    serial = [_gpu_run(prob) for prob in probs]
+    errors = []
+
+    def good(i):
+        for _ in range(5):
+            got = _gpu_run(probs[i])
+            if not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(got, serial[i])):
+                errors.append(f"thread {i}: results differ from the serial run")
+
+    def bad():
+        p = fa.Problem(rng_for("gconcbad"), seqlen_q=8, seqlen_k=8, head_dim=64).params({})
+        p.seqlen_q = -7
+        for _ in range(200):
+            status = fa.GPU.fa_test_gpu_forward(ctypes.byref(p))
+            detail = fa.GPU.fa_last_error_detail().decode()
+            if status != fa.STATUS["FA_ERR_INVALID_SIZE"] or "seqlen_q -7," not in detail:
+                errors.append(f"bad thread: {fa.status_name(status)} '{detail}'")
+                return
+
+    workers = [threading.Thread(target=good, args=(i,)) for i in range(3)]
+    workers.append(threading.Thread(target=bad))
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors[:3]

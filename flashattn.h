@@ -41,7 +41,7 @@
      key ranges by their LSE (fa_combine_params).
      Backward with accumulate_grads adds into dq, dk, dv; grads_f32 makes
      them fp32 (context parallelism: fa_params' comments).
-     Varlen (CPU): cu_seqlens_q/k give a ragged batch in packed tensors;
+     Varlen: cu_seqlens_q/k (host arrays) give a ragged batch in packed tensors;
      paged K/V (CPU, forward): block_table, cache_seqlens and an optional
      append of k_new/v_new (the fields' comments in fa_params).
      FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
@@ -202,8 +202,8 @@ typedef struct fa_params {
     const float *k_descale;
     const float *v_descale;
 
-    /* Ragged batches (varlen; CPU path): with cu_seqlens_q and cu_seqlens_k
-       set (B + 1 int32 offsets each, host memory, non-decreasing), q, o, dout
+    /* Ragged batches (varlen; CPU and GPU): with cu_seqlens_q and cu_seqlens_k
+       set (B + 1 int32 offsets each, host memory on both paths, non-decreasing), q, o, dout
        and dq are packed [total_q, Hq, d] and k, v, dk, dv [total_k, Hkv, d]:
        sequence b owns rows cu[b] .. cu[b + 1] - 1 (layouts' batch strides are
        not used); seqlen_q and seqlen_k bound every sequence's length; masks

@@ -23,6 +23,9 @@
      backward  FA3 on Hopper at d = 64, 128, 256 (dQ by bulk reduce-add);
                FA2 elsewhere, and always in the deterministic mode (a
                separate dQ kernel, no atomics).
+     varlen    each sequence as a dense problem of batch 1, in turn on the
+               stream (cu_seqlens in host memory), the LSE rows moved by
+               2-D copies (>> host, at the end).
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above).
    Options: >> options.
 
@@ -2846,7 +2849,7 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
 
 /* >> combine ==================================================================
    Partial results merged by LSE (fa_cuda_combine, and split-KV's second
-   kernel): one warp per 32 columns of a query row, the warps of a row in one
+   kernel), and fa_i_fill_rows (varlen's rows without keys): one warp per 32 columns of a query row, the warps of a row in one
    CTA. Each reads every part's LSE, then every part's columns, before it
    writes o's (so o may be o_parts[0], same dtype and layout); the row's LSE
    is written after a barrier, when every warp of the row has read the
@@ -2915,6 +2918,28 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
     }
     __syncthreads(); /* every warp of the CTA's rows has read the LSEs */
     if (live && c == 0 && p.lse) p.lse[lse_at] = sum == 0.0f ? -INFINITY : mx + logf(sum);
+}
+
+/* Rows [0, rows) of every head of a tensor at base (layout l, d elements a
+   row, dtype) set to value: a ragged batch's rows without keys (O = 0,
+   LSE = -inf, dQ = 0) and keys no row sees (dK = dV = 0). */
+typedef struct fa_i_fill_args {
+    void *base;
+    fa_layout l;
+    int rows, heads, d;
+    fa_dtype dtype;
+    float value;
+} fa_i_fill_args;
+
+static __global__ void fa_i_fill_rows(const fa_i_fill_args a)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, row = t / a.d;
+    if (row >= (int64_t)a.rows * a.heads) return;
+    const int64_t at = fa_i_dev_offset(&a.l, 0, (int)(row % a.heads), (int)(row / a.heads)) + t % a.d;
+    if (a.dtype == FA_DTYPE_F32)
+        ((float *)a.base)[at] = a.value;
+    else
+        fa_i_store16(a.base, at, a.value, a.dtype == FA_DTYPE_BF16);
 }
 #endif /* >> combine */
 
@@ -4457,11 +4482,26 @@ static
 #endif /* >> instantiation */
 
 /* >> host =====================================================================
-   Validation, the kernel table lookup, device facts, dispatch and launch. */
+   Validation, the kernel table lookup, device facts, dispatch and launch;
+   ragged batches last. */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* A ragged batch (fa_i_varlen_run, at the end): run (workspace, stream) or
+   only planned (*need: its workspace bytes; *algorithm: that of its longest
+   query sequence), every sequence checked before anything runs. */
+typedef struct fa_i_varlen_call {
+    fa_pass pass;
+    int deterministic, run;
+    void *workspace;
+    size_t workspace_size;
+    cudaStream_t stream;
+    size_t need;
+    int algorithm;
+} fa_i_varlen_call;
+static fa_status fa_i_varlen_run(const fa_params *params, fa_i_varlen_call *call);
 
 /* The kernels for (head dim, dtype), or NULL when this build has none. */
 static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
@@ -4542,9 +4582,8 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     size_t need;
     cudaError_t e;
     if (s != FA_OK) return s;
-    if (p->cu_seqlens_q || p->block_table)
-        return fa_i_fail(FA_ERR_UNSUPPORTED,
-                         "varlen (cu_seqlens) and paged K/V (block_table) run on the CPU path only");
+    if (p->block_table)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "paged K/V (block_table) runs on the CPU path only");
     if (p->head_dim_v != p->head_dim)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim_v %d != head_dim %d runs on the CPU path only",
                          p->head_dim_v, p->head_dim);
@@ -4825,9 +4864,21 @@ static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
     return FA_OK;
 }
 
+/* A ragged batch's plan (call: forward or backward, not run). */
+static fa_status fa_i_varlen_plan(const fa_params *params, fa_pass pass, int deterministic,
+                                  fa_i_varlen_call *call)
+{
+    memset(call, 0, sizeof *call);
+    call->pass = pass, call->deterministic = deterministic;
+    return fa_i_varlen_run(params, call);
+}
+
 FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
 {
     fa_i_forward_plan plan;
+    fa_i_varlen_call call;
+    if (params && params->cu_seqlens_q)
+        return fa_i_varlen_plan(params, FA_PASS_FORWARD, 0, &call) == FA_OK ? call.need : 0;
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.workspace : 0;
 }
 
@@ -4846,8 +4897,15 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
 {
     fa_i_forward_plan plan;
     const fa_params *p = &plan.p;
-    fa_status s = fa_i_plan_forward(params, workspace ? workspace_size : 0, &plan);
-    if (s != FA_OK) return s;
+    fa_status s;
+    if (params && params->cu_seqlens_q) {
+        fa_i_varlen_call call;
+        memset(&call, 0, sizeof call);
+        call.pass = FA_PASS_FORWARD, call.run = 1, call.stream = stream;
+        call.workspace = workspace, call.workspace_size = workspace ? workspace_size : 0;
+        return fa_i_varlen_run(params, &call);
+    }
+    if ((s = fa_i_plan_forward(params, workspace ? workspace_size : 0, &plan)) != FA_OK) return s;
     if (plan.workspace && (!workspace || workspace_size < plan.workspace || (uintptr_t)workspace % 16))
         return fa_i_fail(FA_ERR_WORKSPACE, "this forward needs %zu bytes of workspace, 16-byte aligned",
                          plan.workspace);
@@ -4952,6 +5010,8 @@ FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
     const fa_i_kernels *k = NULL;
     fa_i_device dev;
     fa_i_forward_plan plan;
+    fa_i_varlen_call call;
+    if (params && params->cu_seqlens_q) return fa_i_varlen_plan(params, pass, 1, &call);
     if (pass == FA_PASS_FORWARD) return fa_i_plan_forward(params, (size_t)-1, &plan);
     return fa_i_cuda_check(params, pass, &p, &k, &dev);
 }
@@ -4959,6 +5019,9 @@ FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)
 {
     fa_i_forward_plan plan;
+    fa_i_varlen_call call;
+    if (params && params->cu_seqlens_q)
+        return fa_i_varlen_plan(params, FA_PASS_FORWARD, 0, &call) == FA_OK ? call.algorithm : 0;
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
@@ -4990,6 +5053,10 @@ FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deter
 {
     fa_params p;
     size_t dq_bytes, dk_bytes;
+    fa_i_varlen_call call;
+    if (params && params->cu_seqlens_q)
+        return fa_i_varlen_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
+                                                                                          : 0;
     if (fa_params_resolve(params, FA_PASS_BACKWARD, &p) != FA_OK) return 0;
     return fa_i_bwd_own_bytes(&p, deterministic) + fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
 }
@@ -5025,6 +5092,11 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
 FA_API int fa_cuda_backward_algorithm(const fa_params *params, int deterministic)
 {
     fa_i_backward_plan plan;
+    fa_i_varlen_call call;
+    if (params && params->cu_seqlens_q)
+        return fa_i_varlen_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK
+                   ? call.algorithm
+                   : 0;
     return fa_i_plan_backward(params, deterministic, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
@@ -5063,10 +5135,17 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     fa_i_device dev;
     int64_t rows;
     size_t need, own, dq_bytes, dk_bytes;
+    fa_status s;
+    if (params && params->cu_seqlens_q) {
+        fa_i_varlen_call call;
+        memset(&call, 0, sizeof call);
+        call.pass = FA_PASS_BACKWARD, call.deterministic = deterministic, call.run = 1;
+        call.workspace = workspace, call.workspace_size = workspace_size, call.stream = stream;
+        return fa_i_varlen_run(params, &call);
+    }
     /* accumulate_grads, grads_f32: the kernels write the gradients to the
        workspace in the dtype, then fa_i_bwd_grads_out takes them out */
-    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &caller, &k, &dev);
-    if (s != FA_OK) return s;
+    if ((s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &caller, &k, &dev)) != FA_OK) return s;
     own = fa_i_bwd_own_bytes(&caller, deterministic);
     need = own + fa_i_grad_stage_bytes(&caller, &dq_bytes, &dk_bytes);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
@@ -5116,6 +5195,132 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
                         dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p) / 16, 256)), 256, 0, stream,
                         p, &a);
     if (s == FA_OK && need > own) s = fa_i_bwd_stage_out(&caller, p, stream);
+    return s;
+}
+
+/* Ragged batches (varlen): cu_seqlens_q/k and seqused_k in host memory, as
+   on the CPU; each sequence runs as a dense problem of batch 1, in order on
+   the stream, on the dense path's kernels. Its LSE rows move between
+   varlen's [Hq, total_q] and a dense [Hq, nq] block at the workspace's
+   start by 2-D copies; rows that see no key and keys no row sees are filled
+   (fa_i_fill_rows). Every sequence is planned, and checked, before anything
+   is enqueued. */
+static fa_status fa_i_fill(void *base, const fa_layout *l, int rows, int heads, int d,
+                           fa_dtype dtype, float value, cudaStream_t stream)
+{
+    fa_i_fill_args a;
+    const int64_t n = (int64_t)rows * heads * d;
+    if (n <= 0) return FA_OK;
+    a.base = base, a.l = *l, a.rows = rows, a.heads = heads, a.d = d, a.dtype = dtype, a.value = value;
+    return fa_i_launch((const void *)fa_i_fill_rows, dim3(fa_i_blocks(n, 256)), 256, 0, stream, &a,
+                       NULL);
+}
+
+/* heads rows of n floats from src (rows src_pitch floats apart) to dst
+   (dst_pitch apart). */
+static fa_status fa_i_copy_rows(float *dst, int dst_pitch, const float *src, int src_pitch, int n,
+                                int heads, cudaStream_t stream)
+{
+    cudaError_t e;
+    if (n <= 0) return FA_OK;
+    e = cudaMemcpy2DAsync(dst, sizeof(float) * dst_pitch, src, sizeof(float) * src_pitch,
+                          sizeof(float) * n, heads, cudaMemcpyDeviceToDevice, stream);
+    return e == cudaSuccess ? FA_OK : fa_i_cuda_error(e, "cudaMemcpy2DAsync of LSE rows");
+}
+
+static fa_status fa_i_varlen_run(const fa_params *params, fa_i_varlen_call *call)
+{
+    const int bwd = call->pass == FA_PASS_BACKWARD;
+    fa_params p;
+    fa_status s = fa_params_resolve(params, call->pass, &p);
+    int total_q = 0, total_k = 0, max_nq = 0, b;
+    size_t lse_bytes, inner = 0, avail = 0;
+    float *lse_tmp = NULL;
+    char *inner_ws = NULL;
+    fa_layout lse_l;
+    if (s != FA_OK) return s;
+    if ((s = fa_i_varlen_check(&p, call->pass, &total_q, &total_k)) != FA_OK) return s;
+    for (b = 0; b < p.batch; ++b)
+        if (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] > max_nq)
+            max_nq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    lse_bytes = bwd || p.lse ? ((size_t)p.heads_q * max_nq * sizeof(float) + 15) / 16 * 16 : 0;
+    if (call->run) {
+        if (lse_bytes && (!call->workspace || call->workspace_size < lse_bytes ||
+                          (uintptr_t)call->workspace % 16))
+            return fa_i_fail(FA_ERR_WORKSPACE, "varlen needs at least %zu bytes of workspace "
+                             "(fa_cuda_*_workspace_size), 16-byte aligned", lse_bytes);
+        lse_tmp = (float *)call->workspace;
+        inner_ws = call->workspace ? (char *)call->workspace + lse_bytes : NULL;
+        avail = call->workspace_size - (call->workspace ? lse_bytes : call->workspace_size);
+    }
+    for (b = 0; b < p.batch; ++b) { /* plan every sequence */
+        int nq, nk, algorithm;
+        size_t need;
+        fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk), checked;
+        if (nq == 0 || nk == 0) continue;
+        if (!bwd && !p.lse) seq.lse = NULL; /* else p.lse: a stand-in span within [Hq, total_q] */
+        if (bwd) {
+            fa_i_backward_plan plan;
+            if ((s = fa_i_plan_backward(&seq, call->deterministic, &plan)) != FA_OK) return s;
+            need = fa_cuda_backward_workspace_size(&seq, call->deterministic);
+            algorithm = plan.algorithm, checked = plan.p;
+        } else {
+            fa_i_forward_plan plan;
+            if ((s = fa_i_plan_forward(&seq, call->run ? avail : (size_t)-1, &plan)) != FA_OK)
+                return s;
+            need = plan.workspace, algorithm = plan.algorithm, checked = plan.p;
+        }
+        if (call->run && need > avail)
+            return fa_i_fail(FA_ERR_WORKSPACE, "varlen sequence %d needs %zu bytes of workspace "
+                             "past the LSE block's %zu", b, need, lse_bytes);
+        if (call->run && (s = fa_i_check_aliasing(&checked, call->pass, call->workspace,
+                                                  lse_bytes + need)) != FA_OK)
+            return s;
+        if (need > inner) inner = need;
+        if (nq == max_nq && !call->algorithm) call->algorithm = algorithm;
+    }
+    call->need = lse_bytes + inner;
+    if (!call->run) return FA_OK;
+    lse_l.batch = 0, lse_l.head = total_q, lse_l.seq = 1; /* [Hq, total_q] */
+    for (b = 0; b < p.batch && s == FA_OK; ++b) {
+        int nq, nk;
+        fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
+        const int q0 = p.cu_seqlens_q[b], span_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+        const int seen = nq && nk ? nk : 0; /* keys some row sees */
+        const fa_dtype gt = fa_i_grad_dtype(&p);
+        const int64_t ges = (int64_t)fa_dtype_size(gt);
+        seq.lse = lse_tmp;
+        if (!bwd) {
+            if (!nq) continue;
+            if (!nk) {
+                s = fa_i_fill(seq.o, &p.o_layout, nq, p.heads_q, p.head_dim_v, p.o_dtype, 0.0f,
+                              call->stream);
+                if (s == FA_OK && p.lse)
+                    s = fa_i_fill(p.lse + q0, &lse_l, nq, p.heads_q, 1, FA_DTYPE_F32, -INFINITY,
+                                  call->stream);
+                continue;
+            }
+            if (!p.lse) seq.lse = NULL;
+            s = fa_cuda_forward(&seq, inner_ws, avail, call->stream);
+            if (s == FA_OK && p.lse)
+                s = fa_i_copy_rows(p.lse + q0, total_q, lse_tmp, nq, nq, p.heads_q, call->stream);
+            continue;
+        }
+        if (seen) {
+            s = fa_i_copy_rows(lse_tmp, nq, p.lse + q0, total_q, nq, p.heads_q, call->stream);
+            if (s == FA_OK)
+                s = fa_cuda_backward(&seq, call->deterministic, inner_ws, avail, call->stream);
+        } else if (!p.accumulate_grads) {
+            s = fa_i_fill(seq.dq, &p.dq_layout, nq, p.heads_q, p.head_dim, gt, 0.0f, call->stream);
+        }
+        if (s == FA_OK && !p.accumulate_grads) { /* keys past seqused_k, or all of them */
+            s = fa_i_fill((char *)seq.dk + seen * p.dk_layout.seq * ges, &p.dk_layout, span_k - seen,
+                          p.heads_kv, p.head_dim, gt, 0.0f, call->stream);
+            if (s == FA_OK)
+                s = fa_i_fill((char *)seq.dv + seen * p.dv_layout.seq * ges, &p.dv_layout,
+                              span_k - seen, p.heads_kv, p.head_dim_v, gt, 0.0f, call->stream);
+        }
+    }
     return s;
 }
 

@@ -58,22 +58,26 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
 {
     const size_t es = fa_dtype_size(p->dtype), o_es = fa_dtype_size(p->o_dtype);
     const size_t g_es = p->grads_f32 ? sizeof(float) : es;
-    const int fp8 = p->dtype == FA_DTYPE_FP8_E4M3;
+    const int fp8 = p->dtype == FA_DTYPE_FP8_E4M3, varlen = p->cu_seqlens_q != NULL;
+    /* varlen: packed [total, H, d] tensors, LSE [Hq, total_q] (host offsets) */
+    const int batch = varlen ? 1 : p->batch;
+    const int rows_q = !varlen ? p->seqlen_q : p->cu_seqlens_q[p->batch] > 0 ? p->cu_seqlens_q[p->batch] : 1;
+    const int rows_k = !varlen ? p->seqlen_k : p->cu_seqlens_k[p->batch] > 0 ? p->cu_seqlens_k[p->batch] : 1;
     int bad = 0;
     memset(m, 0, sizeof(mirror) * TENSORS);
     *d = *p;
-#define FA_TEST_UP(idx, field, seq, heads, size)                                             \
+#define FA_TEST_UP(idx, field, rows, heads, size)                                            \
     bad |= up(&m[idx], (void *)p->field,                                                     \
-              size * span(&p->field##_layout, p->batch, p->seq, p->heads, p->head_dim));     \
+              size * span(&p->field##_layout, batch, rows, p->heads, p->head_dim));          \
     d->field = m[idx].dev;
-    FA_TEST_UP(Q, q, seqlen_q, heads_q, es)
-    FA_TEST_UP(K, k, seqlen_k, heads_kv, es)
-    FA_TEST_UP(V, v, seqlen_k, heads_kv, es)
-    FA_TEST_UP(O, o, seqlen_q, heads_q, o_es)
-    FA_TEST_UP(DOUT, dout, seqlen_q, heads_q, es)
-    FA_TEST_UP(DQ, dq, seqlen_q, heads_q, g_es)
-    FA_TEST_UP(DK, dk, seqlen_k, heads_kv, g_es)
-    FA_TEST_UP(DV, dv, seqlen_k, heads_kv, g_es)
+    FA_TEST_UP(Q, q, rows_q, heads_q, es)
+    FA_TEST_UP(K, k, rows_k, heads_kv, es)
+    FA_TEST_UP(V, v, rows_k, heads_kv, es)
+    FA_TEST_UP(O, o, rows_q, heads_q, o_es)
+    FA_TEST_UP(DOUT, dout, rows_q, heads_q, es)
+    FA_TEST_UP(DQ, dq, rows_q, heads_q, g_es)
+    FA_TEST_UP(DK, dk, rows_k, heads_kv, g_es)
+    FA_TEST_UP(DV, dv, rows_k, heads_kv, g_es)
 #undef FA_TEST_UP
     if (fp8) {
         bad |= up(&m[QD], (void *)p->q_descale, sizeof(float) * descales(p, p->heads_q, p->seqlen_q));
@@ -83,7 +87,7 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
         d->k_descale = (const float *)m[KD].dev;
         d->v_descale = (const float *)m[VD].dev;
     }
-    bad |= up(&m[LSE], p->lse, sizeof(float) * p->batch * p->heads_q * p->seqlen_q);
+    bad |= up(&m[LSE], p->lse, sizeof(float) * batch * p->heads_q * rows_q);
     d->lse = (float *)m[LSE].dev;
     return bad ? FA_ERR_CUDA : FA_OK;
 }

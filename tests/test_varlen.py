@@ -1,7 +1,8 @@
 """Ragged batches (varlen: cu_seqlens_q / cu_seqlens_k, seqused_k) on the CPU
-path, forward and backward, against the float64 reference run sequence by
-sequence; empty sequences, GQA, masks aligned per sequence, padded rows, the
-[Hq, total_q] LSE layout; bad offsets; the GPU and the reference refuse."""
+and GPU paths, forward and backward, against the float64 reference run
+sequence by sequence; empty sequences, GQA, masks aligned per sequence,
+padded rows, the [Hq, total_q] LSE layout; bad offsets; the reference
+refuses."""
 import ctypes
 
 import numpy as np
@@ -10,6 +11,7 @@ import fa
 import reference
 from harness import case, Skip
 from test_cpu import FLOOR, check, check_lse, rng_for
+from test_gpu import need_gpu
 
 
 class VarlenProblem:
@@ -78,10 +80,12 @@ class VarlenProblem:
         return (status, t["dq"].values()[0][:self.tq], t["dk"].values()[0][:self.tk],
                 t["dv"].values()[0][:self.tk])
 
-    def reference(self, precision=np.float64, o=None, lse=None):
+    def reference(self, precision=np.float64, o=None, lse=None, round_p=None):
         """Per sequence: O [tq, Hq, d], LSE [Hq, tq], and (dq, dk, dv) with
-        their magnitudes, from the sequence's own q rows and used keys."""
-        args = dict(scale=self.scale, causal=self.causal, window=self.window, softcap=self.softcap)
+        their magnitudes, from the sequence's own q rows and used keys
+        (round_p: P and dS rounded as a GPU's tensor cores take them)."""
+        args = dict(scale=self.scale, causal=self.causal, window=self.window, softcap=self.softcap,
+                    round_p=round_p)
         out_o = np.zeros((self.tq, self.hq, self.dv))
         out_lse = np.full((self.hq, self.tq), -np.inf)
         grads = [np.zeros((self.tq, self.hq, self.d)), np.zeros((self.tk, self.hkv, self.d)),
@@ -96,7 +100,8 @@ class VarlenProblem:
             ob, lb = reference.forward(qb, kb, vb, precision=precision, **args)
             out_o[q0:q1], out_lse[:, q0:q1] = ob[0], lb[0]
             if o is None:
-                g, m = reference.backward(qb, kb, vb, self.dout[None, q0:q1], magnitudes=True, **args)
+                g, m = reference.backward(qb, kb, vb, self.dout[None, q0:q1], magnitudes=True,
+                                          **dict(args, round_p=None))
             else:
                 g = reference.backward(qb, kb, vb, self.dout[None, q0:q1], precision=precision,
                                        o=o[None, q0:q1], lse=lse[None, :, q0:q1], **args)
@@ -108,27 +113,40 @@ class VarlenProblem:
         return out_o, out_lse, grads, mags
 
 
-def varlen_case(backward=True, **cfg):
+def varlen_case(backward=True, fwd="fa2", bwds=("fa2",), **cfg):
+    """The forward on backend fwd, the backward from its O and LSE on each of
+    bwds, against the float64 reference per sequence (the bound: twice the
+    float32 computation's error; on the GPU with P and dS rounded to the
+    dtype as its tensor cores take them)."""
     prob = VarlenProblem(rng_for("varlen" + str(cfg)), **cfg)
+    lib = fa.GPU if fwd.startswith("gpu") else fa.CPU
+    round_p = (lambda x: fa.quantize(x, prob.dtype)) if fwd.startswith("gpu") else None
     ref_o, ref_lse, grads, mags = prob.reference()
-    low_o, _, _, _ = prob.reference(np.float32)
-    status, o, lse = prob.forward()
-    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.CPU.fa_last_error_detail().decode()}"
+    low_o, _, _, _ = prob.reference(np.float32, round_p=round_p)
+    status, o, lse = prob.forward(fwd)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {lib.fa_last_error_detail().decode()}"
     err = check("varlen o", o, ref_o, low_o, prob.dtype)
     check_lse(lse, ref_lse)
     if not backward:
         return f"err {err:.1e}"
-    status, *got = prob.backward(o, lse)
-    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.CPU.fa_last_error_detail().decode()}"
-    low = prob.reference(np.float32, o=o, lse=lse)[2]
+    low = prob.reference(np.float32, o=o, lse=lse, round_p=round_p)[2]
     errs = []
-    for name, g, r, lp, mag in zip(("dq", "dk", "dv"), got, grads, low, mags):
-        scale = max(np.linalg.norm(mag), np.linalg.norm(r), 1e-30)
-        e = np.linalg.norm(g - r) / scale if not np.isnan(g).any() else np.inf
-        limit = 2.0 * np.linalg.norm(fa.quantize(lp, prob.dtype) - r) / scale + FLOOR
-        assert e <= limit, f"{name}: error {e:.3g} > bound {limit:.3g}"
-        errs.append(e)
+    for bwd in bwds:
+        status, *got = prob.backward(o, lse, bwd)
+        assert status == fa.FA_OK, f"{bwd}: {fa.status_name(status)}: " + \
+            lib.fa_last_error_detail().decode()
+        for name, g, r, lp, mag in zip(("dq", "dk", "dv"), got, grads, low, mags):
+            scale = max(np.linalg.norm(mag), np.linalg.norm(r), 1e-30)
+            e = np.linalg.norm(g - r) / scale if not np.isnan(g).any() else np.inf
+            limit = 2.0 * np.linalg.norm(fa.quantize(lp, prob.dtype) - r) / scale + FLOOR
+            assert e <= limit, f"{bwd} {name}: error {e:.3g} > bound {limit:.3g}"
+            errs.append(e)
     return f"err {err:.1e}, grads {max(errs):.1e}"
+
+
+def gpu_varlen_case(**cfg):
+    need_gpu()
+    return varlen_case(fwd="gpu", bwds=("gpu", "gpu_det"), **cfg)
 
 
 case("varlen_ragged", varlen_case, lengths_q=[5, 130, 1, 64], lengths_k=[9, 200, 1, 64])
@@ -148,6 +166,25 @@ case("varlen_head_dim_v_33_70_padded", varlen_case, lengths_q=[3, 66], lengths_k
      head_dim=33, head_dim_v=70, window=(20, 2), pad=8)
 
 
+# The GPU: each sequence a dense problem on the dense path's kernels (FA3 at
+# d = 64, 128, 256 on Hopper, FA2 and the decode path elsewhere).
+for name, cfg in (
+        ("ragged", dict(lengths_q=[5, 130, 1, 64], lengths_k=[9, 200, 1, 64])),
+        ("empty_sequences", dict(lengths_q=[0, 17, 33, 0], lengths_k=[4, 0, 40, 0])),
+        ("lengths_0_1_63_64_65_1000", dict(lengths_q=[0, 1, 63, 64, 65, 1000],
+                                           lengths_k=[3, 1, 63, 64, 65, 1000], causal=True)),
+        ("causal_gqa_d128", dict(lengths_q=[20, 70, 3], lengths_k=[50, 70, 9], causal=True,
+                                 heads_q=6, heads_kv=3, head_dim=128)),
+        ("window_softcap_d96", dict(lengths_q=[77, 200], lengths_k=[150, 120], window=(32, 4),
+                                    softcap=10.0, head_dim=96)),
+        ("seqused_k_decode_rows", dict(lengths_q=[1, 4, 16], lengths_k=[640, 100, 300],
+                                       used_k=[333, 100, 0], causal=True)),
+        ("padded_rows_f16_mqa_d256", dict(lengths_q=[31, 2, 65], lengths_k=[31, 90, 1],
+                                          heads_q=4, heads_kv=1, dtype="f16", pad=8,
+                                          head_dim=256))):
+    case(f"gpu_varlen_{name}", gpu_varlen_case, **dict(dict(dtype="bf16"), **cfg))
+
+
 def _varlen_bad(mutate, expected, backends=("fa2", "ref", "gpu")):
     prob = VarlenProblem(rng_for("varlen_bad"), [5, 7], [6, 8])
     t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
@@ -161,7 +198,7 @@ def _varlen_bad(mutate, expected, backends=("fa2", "ref", "gpu")):
     for backend in backends:
         if backend == "gpu" and fa.GPU is None:
             continue
-        want = "FA_ERR_UNSUPPORTED" if backend in ("ref", "gpu") and expected == "ok" else expected
+        want = "FA_ERR_UNSUPPORTED" if backend == "ref" and expected == "ok" else expected
         if want == "ok":
             continue
         status = fa.call_forward(backend, p)
@@ -199,6 +236,6 @@ for name, mutate, expected in (
                                                                   "v_descale", "dtype")] and
          setattr(p, "dtype", 3), "FA_ERR_UNSUPPORTED"),
         ("o_over_k", lambda p, prob: setattr(p, "o", p.k), "FA_ERR_INVALID_LAYOUT"),
-        ("valid_but_dense_only", _fields(), "ok")):
+        ("valid_but_reference_is_dense_only", _fields(), "ok")):
     case(f"varlen_bad_{name}", _varlen_bad, mutate, expected,
-         ("fa2",) if expected != "ok" else ("ref", "gpu"))
+         ("fa2", "gpu") if expected != "ok" else ("ref",))

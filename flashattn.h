@@ -1062,6 +1062,20 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #define FA_I_PAD(n) (n)
 #endif
 
+/* The Cephes exp2f polynomial of f in [-0.5, 0.5] by Horner's rule, into
+   poly, with a type's constant (SET1) and multiply-add (FMA): one table of
+   coefficients for the scalar, 8- and 16-lane forms. */
+#define FA_I_EXP2_POLY(poly, f, SET1, FMA)                     \
+    poly = SET1(1.535336188319500e-4f);                        \
+    poly = FMA(poly, f, SET1(1.339887440266574e-3f));          \
+    poly = FMA(poly, f, SET1(9.618437357674640e-3f));          \
+    poly = FMA(poly, f, SET1(5.550332471162809e-2f));          \
+    poly = FMA(poly, f, SET1(2.402264791363012e-1f));          \
+    poly = FMA(poly, f, SET1(6.931472028550421e-1f));          \
+    poly = FMA(poly, f, SET1(1.0f))
+#define FA_I_SCALAR(x) (x)
+#define FA_I_SCALAR_FMA(a, b, c) ((a) * (b) + (c))
+
 /* 2^x for x <= 0 (exact 0 below -126, including -inf; NaN stays NaN, so
    that a NaN score reaches O). Cephes exp2f polynomial on [-0.5, 0.5]:
    under 1 ulp from exp2 over [-126, 0] (a test measures it), the vector
@@ -1074,13 +1088,7 @@ static float fa_i_exp2(float x)
     x = keep ? x : -126.0f;
     xi = floorf(x + 0.5f);
     f = x - xi;
-    poly = 1.535336188319500e-4f;
-    poly = poly * f + 1.339887440266574e-3f;
-    poly = poly * f + 9.618437357674640e-3f;
-    poly = poly * f + 5.550332471162809e-2f;
-    poly = poly * f + 2.402264791363012e-1f;
-    poly = poly * f + 6.931472028550421e-1f;
-    poly = poly * f + 1.0f;
+    FA_I_EXP2_POLY(poly, f, FA_I_SCALAR, FA_I_SCALAR_FMA);
     return keep ? poly * fa_i_bits_to_f32((uint32_t)((int32_t)xi + 127) << 23) : 0.0f;
 }
 
@@ -1093,13 +1101,7 @@ static __m256 fa_i_exp2_v(__m256 x)
     x = _mm256_max_ps(x, lowest);
     xi = _mm256_floor_ps(_mm256_add_ps(x, _mm256_set1_ps(0.5f)));
     f = _mm256_sub_ps(x, xi);
-    poly = _mm256_set1_ps(1.535336188319500e-4f);
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.339887440266574e-3f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(9.618437357674640e-3f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(5.550332471162809e-2f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(2.402264791363012e-1f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(6.931472028550421e-1f));
-    poly = _mm256_fmadd_ps(poly, f, _mm256_set1_ps(1.0f));
+    FA_I_EXP2_POLY(poly, f, _mm256_set1_ps, _mm256_fmadd_ps);
     poly = _mm256_mul_ps(poly, _mm256_castsi256_ps(_mm256_slli_epi32(
                                    _mm256_add_epi32(_mm256_cvtps_epi32(xi), _mm256_set1_epi32(127)), 23)));
     return _mm256_or_ps(_mm256_and_ps(poly, keep), nan); /* all ones: a NaN */
@@ -1118,13 +1120,7 @@ static __m512 fa_i_exp2_v16(__m512 x)
     xi = _mm512_roundscale_ps(_mm512_add_ps(x, _mm512_set1_ps(0.5f)),
                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     f = _mm512_sub_ps(x, xi);
-    poly = _mm512_set1_ps(1.535336188319500e-4f);
-    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.339887440266574e-3f));
-    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(9.618437357674640e-3f));
-    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(5.550332471162809e-2f));
-    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(2.402264791363012e-1f));
-    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(6.931472028550421e-1f));
-    poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
+    FA_I_EXP2_POLY(poly, f, _mm512_set1_ps, _mm512_fmadd_ps);
     poly = _mm512_mul_ps(poly, _mm512_castsi512_ps(_mm512_slli_epi32(
                                    _mm512_add_epi32(_mm512_cvtps_epi32(xi), _mm512_set1_epi32(127)), 23)));
     return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, poly), nan, in);

@@ -346,18 +346,23 @@ SIMD_CASES = [
 ]
 
 
-def simd_matches_portable(cfg):
-    if fa.CPU_PORTABLE is None:
-        raise Skip("fa.CPU_PORTABLE is not built: run the tests through `make test`")
-    prob = fa.Problem(rng_for("simd" + str(cfg)), **cfg)
-
+def _cpu_fwd_bwd(prob):
+    """A closure: prob's forward, then its backward from that O and LSE, on
+    fa.CPU as it is when called: [O, LSE, dQ, dK, dV]."""
     def run():
         status, o, lse = prob.forward("fa2")
         assert status == fa.FA_OK, fa.status_name(status)
         status, *grads = prob.backward(o, lse, "fa2")
         assert status == fa.FA_OK, fa.status_name(status)
         return [o, lse] + grads
+    return run
 
+
+def simd_matches_portable(cfg):
+    if fa.CPU_PORTABLE is None:
+        raise Skip("fa.CPU_PORTABLE is not built: run the tests through `make test`")
+    prob = fa.Problem(rng_for("simd" + str(cfg)), **cfg)
+    run = _cpu_fwd_bwd(prob)
     simd, portable = run(), with_cpu_library("CPU_PORTABLE", run)
     assert np.array_equal(np.isinf(simd[1]), np.isinf(portable[1]))  # rows that see no key
     simd[1], portable[1] = (np.where(np.isinf(x), 0.0, x) for x in (simd[1], portable[1]))
@@ -386,15 +391,7 @@ def avx512_microkernels_give_the_avx2_bits():
     if fa.CPU_AVX2 is None:
         raise Skip("fa.CPU_AVX2 is not built: run the tests through `make test`")
     for i, cfg in enumerate(SIMD_CASES):
-        prob = fa.Problem(rng_for(f"avx512{i}"), **cfg)
-
-        def run():
-            status, o, lse = prob.forward("fa2")
-            assert status == fa.FA_OK, fa.status_name(status)
-            status, *grads = prob.backward(o, lse, "fa2")
-            assert status == fa.FA_OK, fa.status_name(status)
-            return [o, lse] + grads
-
+        run = _cpu_fwd_bwd(fa.Problem(rng_for(f"avx512{i}"), **cfg))
         wide, narrow = run(), with_cpu_library("CPU_AVX2", run)
         for a, b in zip(wide, narrow):
             assert np.array_equal(a, b, equal_nan=True), cfg

@@ -26,7 +26,7 @@ GPU_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_test.so $(BUILD)/libflasha
 BENCH_LIBS := $(if $(GPU_CC),$(BUILD)/libflashattn_cuda_nooverlap.so $(BUILD)/libflashattn_cuda_nopingpong.so)
 GPU_DEMO := $(if $(GPU_CC),$(BUILD)/gpu_attention)
 
-.PHONY: all bench-libs cuda-lib numpy test demo bench bench-build bench-decode bench-cpu sanitize clean
+.PHONY: all bench-libs cuda-lib numpy test demo bench bench-build bench-decode bench-varlen bench-cpu sanitize clean
 
 CPU_LIBS := $(BUILD)/libflashattn_test.so $(BUILD)/libflashattn_nothreads_test.so \
             $(BUILD)/libflashattn_tiles_test.so $(BUILD)/libflashattn_portable_test.so \
@@ -112,6 +112,9 @@ demo: $(BUILD)/cpu_attention $(GPU_DEMO)
 	$(if $(GPU_DEMO),./$(GPU_DEMO))
 
 # The CPU benchmark's peers and tools, installed when missing.
+bench-varlen: numpy $(GPU_LIBS)
+	$(PYTHON) bench/bench_varlen.py
+
 bench-cpu: numpy $(BUILD)/libflashattn_test.so $(BUILD)/fma_peak
 	@$(PYTHON) -c "import onnxruntime, onnx, threadpoolctl" 2>/dev/null || \
 	  $(PYTHON) -m pip install --quiet onnxruntime onnx threadpoolctl

@@ -246,7 +246,7 @@ def gpu_capped_support(backend):
     prob = fa.Problem(rng_for("gpu_" + backend), seqlen_q=70, seqlen_k=90, dtype="bf16")
     seen = []
     for d in HEAD_DIMS:
-        prob.d = d
+        prob.d = prob.dv = d
         t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in ("q", "k", "v", "dout")}
         for n in ("o", "dq", "dk", "dv"):
             t[n] = prob.tensor(n, np.full(prob._shape(n), 7.0))
@@ -279,7 +279,8 @@ for backend, (_, _, _, tested) in CAPPED.items():
 # NaN rows on every GPU path (FA3 at d = 128, FA2, FA1, decode with splits).
 def gpu_nonfinite(tensor, at, value, **cfg):
     need_gpu()
-    backends = ("gpu",) + (("gpu_fa2",) if fa.GPU_FA2 else ()) + (("gpu_fa1",) if fa.GPU_FA1 else ())
+    fa1 = fa.GPU_FA1 and not cfg.get("num_splits")  # the FA1 kernel takes no key splits
+    backends = ("gpu",) + (("gpu_fa2",) if fa.GPU_FA2 else ()) + (("gpu_fa1",) if fa1 else ())
     return nonfinite_case(tensor, at, value, backends=backends, **cfg)
 
 
@@ -324,7 +325,7 @@ def _algorithm_dispatch(seed, algorithm, fa3_dims):
     prob = fa.Problem(rng_for(seed), seqlen_q=100, seqlen_k=100, dtype="bf16")
     seen = []
     for d in HEAD_DIMS:
-        prob.d = d
+        prob.d = prob.dv = d
         names = ("q", "k", "v", "o", "dout", "dq", "dk", "dv")
         t = {n: prob.tensor(n, np.zeros(prob._shape(n))) for n in names}
         t["lse"] = np.zeros((1, prob.hq, prob.nq), np.float32)

@@ -1,0 +1,115 @@
+"""Ragged batches on the GPU (`make bench-varlen`): a varlen batch (32
+sequences, lengths drawn from 128 .. 8k, ~64k tokens) against a dense batch
+of the same tokens at the one length that gives the same FLOPs
+(sum n_i^2 / sum n_i), forward and backward, bf16, Hq = Hkv = 16, d = 128,
+causal and not. TFLOP/s count each sequence's own 4 H n^2 d (halved when
+causal; x2.5 backward); the time is the median of alternating rounds
+(bench_gpu.alternating_ms). Prints the table and writes
+bench/results_varlen.md (or OUT/results_varlen.md with --out OUT).
+
+Usage: python3 bench/bench_varlen.py [--out DIR]
+"""
+import ctypes
+import datetime
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import torch  # noqa: E402
+
+import bench_gpu as bg  # noqa: E402
+import fa  # noqa: E402
+
+HEADS, DIM, ROUNDS, REPS = 16, 128, 5, 10
+
+
+def make_call(lengths, causal, varlen):
+    """(forward, backward) closures over fresh bf16 inputs; varlen: one packed
+    batch with host cu_seqlens, else a dense batch of len(lengths) sequences
+    of lengths[0] tokens."""
+    total = int(sum(lengths))
+    shape = (1, total, HEADS, DIM) if varlen else (len(lengths), lengths[0], HEADS, DIM)
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    p = fa.Params()
+    p.dtype, p.heads_q, p.heads_kv, p.head_dim = fa.DTYPES["bf16"], HEADS, HEADS, DIM
+    p.causal = int(causal)
+    keep = []
+    if varlen:
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        keep.append(cu)
+        lse = torch.empty((HEADS, total), device="cuda", dtype=torch.float32)
+        p.batch, p.seqlen_q, p.seqlen_k = len(lengths), int(max(lengths)), int(max(lengths))
+        p.cu_seqlens_q = p.cu_seqlens_k = cu.ctypes.data
+    else:
+        lse = torch.empty((shape[0], HEADS, shape[1]), device="cuda", dtype=torch.float32)
+        p.batch, p.seqlen_q, p.seqlen_k = shape[0], shape[1], shape[1]
+    for name, t in dict(q=q, k=k, v=v, o=o, dout=dout, dq=dq, dk=dk, dv=dv).items():
+        setattr(p, name, t.data_ptr())
+    p.lse = lse.data_ptr()
+    size = max(fa.GPU.fa_cuda_forward_workspace_size(ctypes.byref(p)),
+               fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0), 16)
+    ws = torch.empty(size, device="cuda", dtype=torch.uint8)
+    keep += [q, k, v, dout, o, dq, dk, dv, lse, ws]
+
+    def stream():
+        return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def forward():
+        s = fa.GPU.fa_cuda_forward(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()),
+                                   ctypes.c_size_t(size), stream())
+        assert s == fa.FA_OK and keep, fa.GPU.fa_last_error_detail().decode()
+
+    def backward():
+        s = fa.GPU.fa_cuda_backward(ctypes.byref(p), 0, ctypes.c_void_p(ws.data_ptr()),
+                                    ctypes.c_size_t(size), stream())
+        assert s == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+
+    forward()
+    return forward, backward
+
+
+def main():
+    out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else HERE
+    rng = np.random.default_rng(0)
+    lengths = [int(x) for x in rng.integers(128, 8193, 32)]
+    dense_n = int(round(sum(x * x for x in lengths) / sum(lengths)))
+    dense_b = max(1, int(round(sum(lengths) / dense_n)))
+    rows = []
+    for causal in (False, True):
+        flops = 4.0 * HEADS * DIM * sum(x * x for x in lengths) / (2 if causal else 1)
+        dense_flops = 4.0 * HEADS * DIM * dense_b * dense_n ** 2 / (2 if causal else 1)
+        vf, vb = make_call(lengths, causal, True)
+        df, db = make_call([dense_n] * dense_b, causal, False)
+        t = bg.alternating_ms({"vf": vf, "df": df, "vb": vb, "db": db}, ROUNDS, REPS, 0.1)
+        med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
+        r = dict(causal=causal, v_fwd=flops / med["vf"] * 1e-9, d_fwd=dense_flops / med["df"] * 1e-9,
+                 v_bwd=2.5 * flops / med["vb"] * 1e-9, d_bwd=2.5 * dense_flops / med["db"] * 1e-9)
+        rows.append(r)
+        print(r, flush=True)
+    lines = [
+        "# Ragged batches on the GPU",
+        "",
+        f"- date: {datetime.date.today()}; GPU: {torch.cuda.get_device_name()}; commit: "
+        f"{os.environ.get('FA_COMMIT', 'unknown')}; command: `python3 bench/bench_varlen.py`",
+        f"- varlen: {len(lengths)} sequences, {sum(lengths)} tokens, lengths {min(lengths)} .. "
+        f"{max(lengths)}; dense: {dense_b} x {dense_n} (the same FLOPs); bf16, H = {HEADS}, "
+        f"d = {DIM}; TFLOP/s",
+        "",
+        "| causal | varlen fwd | dense fwd | ratio | varlen bwd | dense bwd | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ] + [f"| {'yes' if r['causal'] else 'no'} | {r['v_fwd']:.0f} | {r['d_fwd']:.0f} | "
+         f"{r['v_fwd'] / r['d_fwd']:.2f} | {r['v_bwd']:.0f} | {r['d_bwd']:.0f} | "
+         f"{r['v_bwd'] / r['d_bwd']:.2f} |" for r in rows]
+    with open(os.path.join(out, "results_varlen.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,5 @@
 """Ragged batches on the GPU (`make bench-varlen`): a varlen batch (32
-sequences, lengths drawn from 128 .. 8k, ~64k tokens) against a dense batch
+sequences, lengths drawn from 128 .. 8k, ~140k tokens) against a dense batch
 of the same tokens at the one length that gives the same FLOPs
 (sum n_i^2 / sum n_i), forward and backward, bf16, Hq = Hkv = 16, d = 128,
 causal and not. TFLOP/s count each sequence's own 4 H n^2 d (halved when

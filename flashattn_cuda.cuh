@@ -571,10 +571,12 @@ typedef struct fa_i_decode_args {
     int64_t part_floats, lse_floats;
 } fa_i_decode_args;
 
-/* The parts fa_i_combine merges (device pointers). */
+/* The parts fa_i_combine merges (device pointers), and the columns of a row
+   each lane takes (fa_i_launch_combine picks them). */
 typedef struct fa_i_combine_args {
     const void *o[FA_MAX_PARTS];
     const float *lse[FA_MAX_PARTS];
+    int cols;
 } fa_i_combine_args;
 
 /* Arguments every backward kernel shares, beside the params. */
@@ -2849,11 +2851,12 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
 
 /* >> combine ==================================================================
    Partial results merged by LSE (fa_cuda_combine, and split-KV's second
-   kernel), and fa_i_fill_rows (varlen's rows without keys): one warp per 32 columns of a query row, the warps of a row in one
-   CTA. Each reads every part's LSE, then every part's columns, before it
-   writes o's (so o may be o_parts[0], same dtype and layout); the row's LSE
-   is written after a barrier, when every warp of the row has read the
-   parts' (so lse may be lse_parts[0], or with accumulate o's own). */
+   kernel): one warp per 32 columns of a query row (per 128 where rows are
+   many), the warps of a row in one CTA. Each reads every part's LSE, then
+   every part's columns, before it writes o's (so o may be o_parts[0], same
+   dtype and layout); the row's LSE is written after a barrier, when every
+   warp of the row has read the parts' (so lse may be lse_parts[0], or with
+   accumulate o's own). Then fa_i_fill_rows (varlen's rows without keys). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
@@ -2862,25 +2865,34 @@ static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t 
                                  : fa_i_load16(base, i, dtype == FA_DTYPE_BF16);
 }
 
-/* Rows a combine CTA takes: as many as its warps hold whole (d <= 256: at
-   least one). */
-static __host__ __device__ __forceinline__ int fa_i_combine_rows(int head_dim)
+/* Warps a row takes (each lane `cols` columns of it, 1 .. FA_I_COMBINE_COLS)
+   and rows a combine CTA takes: as many as its warps hold whole (d <= 256:
+   at least one). */
+#define FA_I_COMBINE_COLS 4
+#define FA_I_COMBINE_MANY_ROWS 65536
+static __host__ __device__ __forceinline__ int fa_i_combine_chunks(int head_dim, int cols)
 {
-    return FA_I_COMBINE_THREADS / 32 / ((head_dim + 31) / 32);
+    return (head_dim + 32 * cols - 1) / (32 * cols);
+}
+static __host__ __device__ __forceinline__ int fa_i_combine_rows(int head_dim, int cols)
+{
+    return FA_I_COMBINE_THREADS / 32 / fa_i_combine_chunks(head_dim, cols);
 }
 
 static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
     fa_i_combine(const fa_combine_params p, const fa_i_combine_args a)
 {
     __shared__ float weights[FA_I_COMBINE_THREADS / 32][FA_MAX_PARTS + 1];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, chunks = (p.head_dim + 31) / 32;
-    const int per_cta = fa_i_combine_rows(p.head_dim), c = 32 * (warp % chunks) + lane;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunks = fa_i_combine_chunks(p.head_dim, a.cols);
+    const int per_cta = fa_i_combine_rows(p.head_dim, a.cols);
+    const int c = (32 * (warp % chunks) + lane) * a.cols; /* this lane's first column */
     const int parts = p.num_parts + (p.accumulate != 0); /* part num_parts: o itself */
     const int64_t row = (int64_t)blockIdx.x * per_cta + warp / chunks;
     const int live = warp < per_cta * chunks && row < (int64_t)p.batch * p.heads * p.seqlen;
-    float *w = weights[warp], mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+    float *w = weights[warp], mx = -INFINITY, sum = 0.0f, acc[FA_I_COMBINE_COLS];
     int64_t lse_at = 0;
-    int h, n, b, i;
+    int h, n, b, i, j;
     if (live) {
         if (row <= 0x7fffffff) { /* 32-bit divisions: 64-bit ones are calls */
             const uint32_t r = (uint32_t)row, hn = r / (uint32_t)p.heads;
@@ -2901,19 +2913,27 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
             w[i] = lse == -INFINITY ? 0.0f : expf(lse - mx);
         }
         __syncwarp();
+#pragma unroll
+        for (j = 0; j < FA_I_COMBINE_COLS; ++j) acc[j] = 0.0f;
         for (i = 0; i < parts; ++i) {
             sum += w[i];
-            if (w[i] > 0.0f && c < p.head_dim)
-                acc += w[i] * (i < p.num_parts ? fa_i_load_any(a.o[i], at, p.part_dtype)
-                                               : fa_i_load_any(p.o, to, p.dtype));
+            if (w[i] > 0.0f)
+#pragma unroll
+                for (j = 0; j < FA_I_COMBINE_COLS; ++j)
+                    if (j < a.cols && c + j < p.head_dim)
+                        acc[j] += w[i] * (i < p.num_parts
+                                              ? fa_i_load_any(a.o[i], at + j, p.part_dtype)
+                                              : fa_i_load_any(p.o, to + j, p.dtype));
         }
-        /* sum >= 1 (its largest weight is 1), 0 with no part, NaN with a NaN part */
-        acc = sum == 0.0f ? 0.0f : __fdividef(acc, sum);
-        if (c < p.head_dim) {
+#pragma unroll
+        for (j = 0; j < FA_I_COMBINE_COLS; ++j) {
+            /* sum >= 1 (its largest weight is 1), 0 with no part, NaN with a NaN part */
+            const float x = sum == 0.0f ? 0.0f : __fdividef(acc[j], sum);
+            if (j >= a.cols || c + j >= p.head_dim) continue;
             if (p.dtype == FA_DTYPE_F32)
-                ((float *)p.o)[to] = acc;
+                ((float *)p.o)[to + j] = x;
             else
-                fa_i_store16(p.o, to, acc, p.dtype == FA_DTYPE_BF16);
+                fa_i_store16(p.o, to + j, x, p.dtype == FA_DTYPE_BF16);
         }
     }
     __syncthreads(); /* every warp of the CTA's rows has read the LSEs */
@@ -4887,8 +4907,12 @@ static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_ar
                                      cudaStream_t stream)
 {
     const int64_t rows = (int64_t)c->batch * c->heads * c->seqlen;
+    /* a warp per 32 columns where rows are few (decode's splits: spread
+       them over the SMs), a lane per 4 columns where they are many (long
+       chunks: fewer warps, each its LSEs once) */
+    args->cols = rows >= FA_I_COMBINE_MANY_ROWS ? FA_I_COMBINE_COLS : 1;
     return fa_i_launch((const void *)fa_i_combine,
-                       dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim))),
+                       dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim, args->cols))),
                        FA_I_COMBINE_THREADS, 0, stream, c, args);
 }
 

@@ -166,12 +166,12 @@ for backend in ("gpu", "gpu_det"):
 
 # ---- the running merge ------------------------------------------------------
 
-def running_merge_case(backend, part_dtype):
+def running_merge_case(backend, part_dtype, shape=(2, 33, 3, 96)):
     """Parts merged one at a time into an fp32 o and its lse (accumulate),
     starting from lse = -inf, equal the merge of all parts at once; parts
     that saw no key (LSE -inf) and rows no part saw included."""
-    rng = rng_for("running" + backend + part_dtype)
-    b, n, h, d, parts = 2, 33, 3, 96, 5
+    rng = rng_for("running" + backend + part_dtype + str(shape))
+    (b, n, h, d), parts = shape, 5
     o_parts = [fa.quantize(rng.standard_normal((b, n, h, d)), part_dtype) for _ in range(parts)]
     lse_parts = [rng.standard_normal((b, h, n)) * 3 for _ in range(parts)]
     lse_parts[2][:, :, :10] = -np.inf
@@ -205,13 +205,18 @@ for part_dtype in ("f32", "bf16", "f16"):
     case(f"combine_running_merge_{part_dtype}", running_merge_case, "cpu", part_dtype)
 
 
-def gpu_running_merge_case(part_dtype):
+def gpu_running_merge_case(part_dtype, shape=(2, 33, 3, 96)):
     need_gpu()
-    return running_merge_case("gpu", part_dtype)
+    return running_merge_case("gpu", part_dtype, shape)
 
 
 for part_dtype in ("f32", "bf16"):
     case(f"gpu_combine_running_merge_{part_dtype}", gpu_running_merge_case, part_dtype)
+# enough rows for the combine kernel's 4-columns-a-lane form (d = 96: rows
+# of 3 warps, d = 72: a lane's last columns past the end)
+for d in (96, 72):
+    case(f"gpu_combine_running_merge_many_rows_d{d}", gpu_running_merge_case, "bf16",
+         (1, 4096, 17, d))
 
 
 # ---- a ring simulated on one device -----------------------------------------

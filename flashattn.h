@@ -42,7 +42,7 @@
      Backward with accumulate_grads adds into dq, dk, dv; grads_f32 makes
      them fp32 (context parallelism: fa_params' comments).
      Varlen: cu_seqlens_q/k (host arrays) give a ragged batch in packed tensors;
-     paged K/V (CPU, forward): block_table, cache_seqlens and an optional
+     paged K/V (forward): block_table, cache_seqlens and an optional
      append of k_new/v_new (the fields' comments in fa_params).
      FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
      their descales (fa_fp8_scaling), o is written in o_dtype;
@@ -214,7 +214,7 @@ typedef struct fa_params {
     const int32_t *cu_seqlens_k;
     const int32_t *seqused_k;
 
-    /* Paged K/V cache (CPU path, forward): with block_table set, k and v are
+    /* Paged K/V cache (forward): with block_table set, k and v are
        caches of num_pages pages, [num_pages, page_size, Hkv, d] (k_layout,
        v_layout: the batch stride steps from page to page), and key c of
        sequence b is row c % page_size of page block_table[b * max_pages +
@@ -222,8 +222,9 @@ typedef struct fa_params {
        (optional, [B, seqlen_new, Hkv, d] in dtype) are first written into the
        pages at rows cache_seqlens[b] .. + seqlen_new - 1, then attended with
        the rest: sequence b has cache_seqlens[b] + seqlen_new keys, at most
-       seqlen_k. Host arrays; every page entry those keys use must be in
-       0 .. num_pages - 1 (else FA_ERR_INVALID_ARGUMENT, nothing written). */
+       seqlen_k. Host arrays (the GPU copies them into its workspace); every
+       page entry those keys use must be in 0 .. num_pages - 1 (else
+       FA_ERR_INVALID_ARGUMENT, nothing written). */
     const int32_t *block_table;
     int max_pages;        /* block_table entries per sequence */
     int page_size;        /* keys per page */
@@ -308,6 +309,14 @@ typedef enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 } fa_pass;
 #else
 #define FA_HOST_DEVICE
 #endif
+
+/* The default mask alignment as positions: the last query at the last key
+   (also per sequence of a paged cache, in the decode kernel). */
+static inline FA_HOST_DEVICE void fa_i_bottom_right(fa_params *p)
+{
+    p->q_position = p->seqlen_k > p->seqlen_q ? p->seqlen_k - p->seqlen_q : 0;
+    p->k_position = p->seqlen_q > p->seqlen_k ? p->seqlen_q - p->seqlen_k : 0;
+}
 
 /* Query row r stands at key position r + fa_i_diag_shift(p) (p resolved:
    its positions hold the bottom-right default). */
@@ -791,20 +800,13 @@ static fa_status fa_i_check_layout(fa_layout *l, const char *name, int batch, in
     return FA_OK;
 }
 
-/* The bytes [lo, hi) a tensor's elements lie in (layout resolved). */
-/* The default mask alignment as positions: the last query at the last key. */
-static void fa_i_bottom_right(fa_params *p)
-{
-    p->q_position = p->seqlen_k > p->seqlen_q ? p->seqlen_k - p->seqlen_q : 0;
-    p->k_position = p->seqlen_q > p->seqlen_k ? p->seqlen_q - p->seqlen_k : 0;
-}
-
 /* Storage of dq, dk, dv. */
 static fa_dtype fa_i_grad_dtype(const fa_params *p)
 {
     return p->grads_f32 ? FA_DTYPE_F32 : p->dtype;
 }
 
+/* The bytes [lo, hi) a tensor's elements lie in (layout resolved). */
 typedef struct fa_i_span {
     const char *name;
     uintptr_t lo, hi;

@@ -26,6 +26,10 @@
      varlen    each sequence as a dense problem of batch 1, in turn on the
                stream (cu_seqlens in host memory), the LSE rows moved by
                2-D copies (>> host, at the end).
+     paged     the block table copied into the workspace, k_new/v_new
+               appended by a copy kernel; seqlen_q <= 16 on the decode
+               kernel reading the pages in place, longer query chunks
+               gathered per sequence and run dense (>> host, at the end).
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above).
    Options: >> options.
 
@@ -1208,11 +1212,14 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    (r < step, both powers of two) keep r's low bits, so the swizzle of a
    pass is the thread's first one XORed with a constant. tid is made opaque
    first: otherwise the compiler hoists the addresses out of the caller's key
-   loop and holds them in registers, which spills the 64-key tiles. */
-static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
-                                                       int64_t stride, int row0, int rows,
-                                                       int tile_rows, int d, int ld, int tid,
-                                                       int nthreads)
+   loop and holds them in registers, which spills the 64-key tiles.
+   With `pages` (a paged cache, >> decode), row c is row c % page_size of
+   page pages[c / page_size], pages page_stride elements apart from g. */
+static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
+                                                       int64_t stride, const int32_t *pages,
+                                                       int page_size, int64_t page_stride,
+                                                       int row0, int rows, int tile_rows, int d,
+                                                       int ld, int tid, int nthreads)
 {
     const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
     const int swizzled = ld % 64 == 0;
@@ -1227,7 +1234,12 @@ static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uin
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
             const int valid = row0 + r < rows, x = swizzled ? x0 ^ (pass * step & 7) : x0;
-            const uint16_t *from = valid ? src : g; /* a row past the end reads nothing */
+            const unsigned c_row = (unsigned)(row0 + r);
+            const uint16_t *from = !valid ? g /* a row past the end reads nothing */
+                                   : !pages ? src
+                                            : g + pages[c_row / page_size] * page_stride +
+                                                  (int64_t)(c_row % page_size) * stride +
+                                                  (tid % tpr) * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c)
                 fa_i_cp_async16(smem + pass * step * ld + (x + c * tpr) * 8, from + c * tpr * 8,
@@ -1235,14 +1247,26 @@ static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uin
         }
 }
 
-/* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv) into the
-   smem tiles sk, sv. */
-static __device__ __forceinline__ void fa_i_async_kv(uint16_t *sk, uint16_t *sv, const uint16_t *gk,
-                                                     const uint16_t *gv, const fa_params *p, int c0,
-                                                     int bn, int d, int ld, int tid, int nthreads)
+/* fa_i_async_rows of dense rows. */
+static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
+                                                       int64_t stride, int row0, int rows,
+                                                       int tile_rows, int d, int ld, int tid,
+                                                       int nthreads)
 {
-    fa_i_async_tile(sk, gk, p->k_layout.seq, c0, p->seqlen_k, bn, d, ld, tid, nthreads);
-    fa_i_async_tile(sv, gv, p->v_layout.seq, c0, p->seqlen_k, bn, d, ld, tid, nthreads);
+    fa_i_async_rows(smem, g, stride, NULL, 1, 0, row0, rows, tile_rows, d, ld, tid, nthreads);
+}
+
+/* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv) into the
+   smem tiles sk, sv; `pages`: a sequence's block table row (NULL: dense). */
+static __device__ __forceinline__ void fa_i_async_kv(uint16_t *sk, uint16_t *sv, const uint16_t *gk,
+                                                     const uint16_t *gv, const fa_params *p,
+                                                     const int32_t *pages, int c0, int bn, int d,
+                                                     int ld, int tid, int nthreads)
+{
+    fa_i_async_rows(sk, gk, p->k_layout.seq, pages, p->page_size, p->k_layout.batch, c0, p->seqlen_k,
+                    bn, d, ld, tid, nthreads);
+    fa_i_async_rows(sv, gv, p->v_layout.seq, pages, p->page_size, p->v_layout.batch, c0, p->seqlen_k,
+                    bn, d, ld, tid, nthreads);
 }
 
 /* Base-2 score of a raw logit x = q.k: scale * log2(e) * x, or with softcap
@@ -1505,7 +1529,7 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
     if (n_first < n_end)
         fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
     if (n_first < n_end && STAGES == 2)
-        fa_i_async_kv(sk, sv, gk, gv, &p, n_first * BN, BN, D, LD, tid, NT);
+        fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, LD, tid, NT);
     if (n_first < n_end && STAGES == 1)
         fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
     fa_i_cp_async_commit();
@@ -1523,7 +1547,7 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
         fa_i_cp_async_wait_0();
         __syncthreads();
         if (STAGES == 2 && n + 1 < n_end)
-            fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p,
+            fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p, NULL,
                           c0 + BN, BN, D, LD, tid, NT);
         if (STAGES == 1)
             fa_i_async_tile(sv, gv, p.v_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
@@ -2627,7 +2651,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
 #define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
 static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
-    FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
+    FA_I_KNAME(fa_i_fwd_decode)(const fa_params params, const fa_i_decode_args a)
 {
     enum {
         D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES), DS = FA_I_DEC(DSPLIT),
@@ -2637,6 +2661,7 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     };
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + MAX_ROWS * LD, *sv = sk + STAGES * BN * LD;
+    fa_params p = params;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int rt_count = a.row_tiles, rows = 16 * rt_count;
     const int ks_count = FA_I_DECODE_WARPS / (rt_count * DS);
@@ -2650,8 +2675,11 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     const int hk = (int)((cta /= a.splits) % p.heads_kv), b = (int)(cta / p.heads_kv);
     const int r0 = rb * rows, r_end = min(r0 + rows, packed);
     const int t_first = r0 / group, t_last = (r_end - 1) / group;
-    const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, b, hk, 0);
-    const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, b, hk, 0);
+    /* a paged cache (fa_i_paged_run: block_table and cache_seqlens are the
+       workspace's copies): this sequence's pages, its keys, queries at their end */
+    const int32_t *pages = p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
+    const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
+    const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, pages ? 0 : b, hk, 0);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     /* this thread's rows: packed rows my_row, my_row + 8 of its warp's row tile */
     const int my_row = r0 + 16 * rt + (lane >> 2);
@@ -2659,6 +2687,10 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     uint32_t qa[D / 16][4]; /* this warp's row tile of Q as A fragments */
     int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
 
+    if (pages) {
+        p.seqlen_k = p.cache_seqlens[b] + p.seqlen_new;
+        fa_i_bottom_right(&p);
+    }
     fa_i_rows_key_span(&p, t_first, t_last + 1, &first_lo, &last_hi);
     fa_i_rows_common_keys(&p, t_first, t_last + 1, &all_lo, &all_hi);
     { /* this split's share of the key tiles the rows see */
@@ -2687,8 +2719,8 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     }
     for (i = 0; i < STAGES - 1; ++i) { /* the ring's first tiles, a commit group each */
         if (n_begin + i < n_end)
-            fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, (n_begin + i) * BN, BN, D,
-                          LD, tid, NT);
+            fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, pages, (n_begin + i) * BN,
+                          BN, D, LD, tid, NT);
         fa_i_cp_async_commit();
     }
     FA_I_CP_ASYNC_WAIT(STAGES - 2); /* Q has landed (the first commit group) */
@@ -2705,8 +2737,8 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
         {
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
             if (next < n_end)
-                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, next * BN, BN, D, LD,
-                              tid, NT);
+                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, pages, next * BN, BN,
+                              D, LD, tid, NT);
             fa_i_cp_async_commit();
         }
         for (j = ks; j < SLICES; j += ks_count) {
@@ -2856,7 +2888,8 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
    every part's columns, before it writes o's (so o may be o_parts[0], same
    dtype and layout); the row's LSE is written after a barrier, when every
    warp of the row has read the parts' (so lse may be lse_parts[0], or with
-   accumulate o's own). Then fa_i_fill_rows (varlen's rows without keys). */
+   accumulate o's own). Then two row copies: fa_i_fill_rows (varlen's rows
+   without keys) and fa_i_page_rows (a paged cache's append and gather). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
@@ -2960,6 +2993,38 @@ static __global__ void fa_i_fill_rows(const fa_i_fill_args a)
         ((float *)a.base)[at] = a.value;
     else
         fa_i_store16(a.base, at, a.value, a.dtype == FA_DTYPE_BF16);
+}
+
+/* Rows between a paged cache and dense tensors, 16 bytes a thread: the
+   append (to_pages: rows [0, rows) of dense sequence b into its cache rows
+   start[b] + ...) and the gather of a sequence's first `rows` cache rows
+   into dense rows in the workspace (start NULL). table: the workspace's copy
+   of the block table, entries checked on the host. */
+typedef struct fa_i_page_rows_args {
+    char *cache;
+    fa_layout cache_l; /* batch: the page stride */
+    const int32_t *table, *start;
+    int max_pages, page_size;
+    char *dense;
+    fa_layout dense_l;
+    int batch, rows, heads, chunks, elem_bytes, to_pages;
+} fa_i_page_rows_args;
+
+static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
+{
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = (int)(t % a.chunks), h = (int)((t /= a.chunks) % a.heads);
+    const int r = (int)((t /= a.heads) % a.rows), b = (int)(t / a.rows);
+    if (b >= a.batch) return;
+    const int row = (a.start ? a.start[b] : 0) + r;
+    const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
+    uint4 *in_cache = (uint4 *)(a.cache + fa_i_dev_offset(&a.cache_l, 0, h, row % a.page_size) *
+                                              a.elem_bytes + page * a.cache_l.batch * a.elem_bytes) + c;
+    uint4 *dense = (uint4 *)(a.dense + fa_i_dev_offset(&a.dense_l, b, h, r) * a.elem_bytes) + c;
+    if (a.to_pages)
+        *in_cache = *dense;
+    else
+        *dense = *in_cache;
 }
 #endif /* >> combine */
 
@@ -3347,7 +3412,7 @@ static __device__ __forceinline__ void fa_i_bwd_first_loads(
     int *shi, int bm, int d, int tid, int nthreads)
 {
     fa_i_async_kv(sk, sv, (const uint16_t *)p->k + fa_i_dev_offset(&p->k_layout, b, hk, 0),
-                  (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0), p, c0, bn,
+                  (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0), p, NULL, c0, bn,
                   d, FA_I_BWD_KV_PITCH(d), tid, nthreads);
     if (steps > 0)
         fa_i_bwd_rows(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
@@ -3661,7 +3726,7 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
                     p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
     fa_i_async_tile(sdo, (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, 0),
                     p.dout_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
-    if (n_first < n_end) fa_i_async_kv(sk, sv, gk, gv, &p, n_first * BN, BN, D, LD, tid, NT);
+    if (n_first < n_end) fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, LD, tid, NT);
     fa_i_cp_async_commit();
     for (n = n_first; n < n_end; ++n) {
         const int stage = (n - n_first) & 1, c0 = n * BN;
@@ -3670,7 +3735,7 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
         fa_i_cp_async_wait_0(); /* one barrier per block, as in the forward */
         __syncthreads();
         if (n + 1 < n_end) {
-            fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p,
+            fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p, NULL,
                           c0 + BN, BN, D, LD, tid, NT);
         }
         fa_i_cp_async_commit();
@@ -4509,10 +4574,11 @@ static
 extern "C" {
 #endif
 
-/* A ragged batch (fa_i_varlen_run, at the end): run (workspace, stream) or
-   only planned (*need: its workspace bytes; *algorithm: that of its longest
-   query sequence), every sequence checked before anything runs. */
-typedef struct fa_i_varlen_call {
+/* A ragged batch or a paged cache (fa_i_seq_run, at the end): run
+   (workspace, stream) or only planned (*need: its workspace bytes;
+   *algorithm: that of its longest query sequence), every sequence checked
+   before anything runs. */
+typedef struct fa_i_seq_call {
     fa_pass pass;
     int deterministic, run;
     void *workspace;
@@ -4520,8 +4586,9 @@ typedef struct fa_i_varlen_call {
     cudaStream_t stream;
     size_t need;
     int algorithm;
-} fa_i_varlen_call;
-static fa_status fa_i_varlen_run(const fa_params *params, fa_i_varlen_call *call);
+} fa_i_seq_call;
+static fa_status fa_i_seq_run(const fa_params *params, fa_i_seq_call *call);
+#define FA_I_BY_SEQUENCE(params) ((params) && ((params)->cu_seqlens_q || (params)->block_table))
 
 /* The kernels for (head dim, dtype), or NULL when this build has none. */
 static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
@@ -4602,8 +4669,6 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     size_t need;
     cudaError_t e;
     if (s != FA_OK) return s;
-    if (p->block_table)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "paged K/V (block_table) runs on the CPU path only");
     if (p->head_dim_v != p->head_dim)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim_v %d != head_dim %d runs on the CPU path only",
                          p->head_dim_v, p->head_dim);
@@ -4885,20 +4950,20 @@ static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
 }
 
 /* A ragged batch's plan (call: forward or backward, not run). */
-static fa_status fa_i_varlen_plan(const fa_params *params, fa_pass pass, int deterministic,
-                                  fa_i_varlen_call *call)
+static fa_status fa_i_seq_plan(const fa_params *params, fa_pass pass, int deterministic,
+                                  fa_i_seq_call *call)
 {
     memset(call, 0, sizeof *call);
     call->pass = pass, call->deterministic = deterministic;
-    return fa_i_varlen_run(params, call);
+    return fa_i_seq_run(params, call);
 }
 
 FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
 {
     fa_i_forward_plan plan;
-    fa_i_varlen_call call;
-    if (params && params->cu_seqlens_q)
-        return fa_i_varlen_plan(params, FA_PASS_FORWARD, 0, &call) == FA_OK ? call.need : 0;
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params))
+        return fa_i_seq_plan(params, FA_PASS_FORWARD, 0, &call) == FA_OK ? call.need : 0;
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.workspace : 0;
 }
 
@@ -4916,18 +4981,51 @@ static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_ar
                        FA_I_COMBINE_THREADS, 0, stream, c, args);
 }
 
+/* fa_i_fwd_decode, then fa_i_combine of its splits (parts at workspace). */
+static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaStream_t stream)
+{
+    const fa_params *p = &plan->p;
+    fa_i_decode_args *a = &plan->decode;
+    const fa_i_kernel *k = &plan->k->decode;
+    fa_status s;
+    if (a->splits > 1) {
+        a->o_part = (float *)workspace;
+        a->lse_part = a->o_part + a->splits * a->part_floats;
+    }
+    s = fa_i_launch(k->fn, dim3((unsigned)plan->decode_ctas), k->threads, k->smem, stream, p, a);
+    if (s == FA_OK && a->splits > 1) {
+        fa_combine_params c;
+        fa_i_combine_args parts;
+        int i;
+        memset(&c, 0, sizeof c);
+        c.num_parts = a->splits;
+        c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim;
+        c.part_dtype = FA_DTYPE_F32;
+        c.part_layout.head = p->head_dim;
+        c.part_layout.seq = (int64_t)p->heads_q * p->head_dim;
+        c.part_layout.batch = (int64_t)p->seqlen_q * p->heads_q * p->head_dim;
+        c.dtype = p->dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
+        for (i = 0; i < a->splits; ++i) {
+            parts.o[i] = a->o_part + i * a->part_floats;
+            parts.lse[i] = a->lse_part + i * a->lse_floats;
+        }
+        s = fa_i_launch_combine(&c, &parts, stream);
+    }
+    return s;
+}
+
 FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_t workspace_size,
                                  cudaStream_t stream)
 {
     fa_i_forward_plan plan;
     const fa_params *p = &plan.p;
     fa_status s;
-    if (params && params->cu_seqlens_q) {
-        fa_i_varlen_call call;
+    if (FA_I_BY_SEQUENCE(params)) {
+        fa_i_seq_call call;
         memset(&call, 0, sizeof call);
         call.pass = FA_PASS_FORWARD, call.run = 1, call.stream = stream;
         call.workspace = workspace, call.workspace_size = workspace ? workspace_size : 0;
-        return fa_i_varlen_run(params, &call);
+        return fa_i_seq_run(params, &call);
     }
     if ((s = fa_i_plan_forward(params, workspace ? workspace_size : 0, &plan)) != FA_OK) return s;
     if (plan.workspace && (!workspace || workspace_size < plan.workspace || (uintptr_t)workspace % 16))
@@ -4941,34 +5039,7 @@ FA_API fa_status fa_cuda_forward(const fa_params *params, void *workspace, size_
                            FA_I_FA1_THREADS, smem, stream, p, &workspace);
     }
 #else
-    if (plan.algorithm == 4) { /* fa_i_fwd_decode, then fa_i_combine of its splits */
-        fa_i_decode_args *a = &plan.decode;
-        const fa_i_kernel *k = &plan.k->decode;
-        if (a->splits > 1) {
-            a->o_part = (float *)workspace;
-            a->lse_part = a->o_part + a->splits * a->part_floats;
-        }
-        s = fa_i_launch(k->fn, dim3((unsigned)plan.decode_ctas), k->threads, k->smem, stream, p, a);
-        if (s == FA_OK && a->splits > 1) {
-            fa_combine_params c;
-            fa_i_combine_args parts;
-            int i;
-            memset(&c, 0, sizeof c);
-            c.num_parts = a->splits;
-            c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim;
-            c.part_dtype = FA_DTYPE_F32;
-            c.part_layout.head = p->head_dim;
-            c.part_layout.seq = (int64_t)p->heads_q * p->head_dim;
-            c.part_layout.batch = (int64_t)p->seqlen_q * p->heads_q * p->head_dim;
-            c.dtype = p->dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
-            for (i = 0; i < a->splits; ++i) {
-                parts.o[i] = a->o_part + i * a->part_floats;
-                parts.lse[i] = a->lse_part + i * a->lse_floats;
-            }
-            s = fa_i_launch_combine(&c, &parts, stream);
-        }
-        return s;
-    }
+    if (plan.algorithm == 4) return fa_i_run_decode(&plan, workspace, stream);
 #if FA_I_SM90
     if (plan.algorithm == 3) /* fa_i_fwd_fa3 */
         return fa_i_launch(plan.fa3->fn, dim3(plan.ctas), plan.fa3->threads, plan.fa3->smem,
@@ -5034,8 +5105,8 @@ FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
     const fa_i_kernels *k = NULL;
     fa_i_device dev;
     fa_i_forward_plan plan;
-    fa_i_varlen_call call;
-    if (params && params->cu_seqlens_q) return fa_i_varlen_plan(params, pass, 1, &call);
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params)) return fa_i_seq_plan(params, pass, 1, &call);
     if (pass == FA_PASS_FORWARD) return fa_i_plan_forward(params, (size_t)-1, &plan);
     return fa_i_cuda_check(params, pass, &p, &k, &dev);
 }
@@ -5043,9 +5114,9 @@ FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)
 {
     fa_i_forward_plan plan;
-    fa_i_varlen_call call;
-    if (params && params->cu_seqlens_q)
-        return fa_i_varlen_plan(params, FA_PASS_FORWARD, 0, &call) == FA_OK ? call.algorithm : 0;
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params))
+        return fa_i_seq_plan(params, FA_PASS_FORWARD, 0, &call) == FA_OK ? call.algorithm : 0;
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
@@ -5077,9 +5148,9 @@ FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deter
 {
     fa_params p;
     size_t dq_bytes, dk_bytes;
-    fa_i_varlen_call call;
-    if (params && params->cu_seqlens_q)
-        return fa_i_varlen_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params))
+        return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
                                                                                           : 0;
     if (fa_params_resolve(params, FA_PASS_BACKWARD, &p) != FA_OK) return 0;
     return fa_i_bwd_own_bytes(&p, deterministic) + fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
@@ -5116,9 +5187,9 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
 FA_API int fa_cuda_backward_algorithm(const fa_params *params, int deterministic)
 {
     fa_i_backward_plan plan;
-    fa_i_varlen_call call;
-    if (params && params->cu_seqlens_q)
-        return fa_i_varlen_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params))
+        return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK
                    ? call.algorithm
                    : 0;
     return fa_i_plan_backward(params, deterministic, &plan) == FA_OK ? plan.algorithm : 0;
@@ -5160,12 +5231,12 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     int64_t rows;
     size_t need, own, dq_bytes, dk_bytes;
     fa_status s;
-    if (params && params->cu_seqlens_q) {
-        fa_i_varlen_call call;
+    if (FA_I_BY_SEQUENCE(params)) {
+        fa_i_seq_call call;
         memset(&call, 0, sizeof call);
         call.pass = FA_PASS_BACKWARD, call.deterministic = deterministic, call.run = 1;
         call.workspace = workspace, call.workspace_size = workspace_size, call.stream = stream;
-        return fa_i_varlen_run(params, &call);
+        return fa_i_seq_run(params, &call);
     }
     /* accumulate_grads, grads_f32: the kernels write the gradients to the
        workspace in the dtype, then fa_i_bwd_grads_out takes them out */
@@ -5252,7 +5323,7 @@ static fa_status fa_i_copy_rows(float *dst, int dst_pitch, const float *src, int
     return e == cudaSuccess ? FA_OK : fa_i_cuda_error(e, "cudaMemcpy2DAsync of LSE rows");
 }
 
-static fa_status fa_i_varlen_run(const fa_params *params, fa_i_varlen_call *call)
+static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
 {
     const int bwd = call->pass == FA_PASS_BACKWARD;
     fa_params p;
@@ -5346,6 +5417,132 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_varlen_call *call
         }
     }
     return s;
+}
+
+/* A paged cache (block_table, cache_seqlens in host memory, as on the CPU):
+   checked, then both arrays are copied into the workspace's start, where
+   the kernels read them; k_new, v_new go into their pages (fa_i_page_rows);
+   then the decode kernel reads the pages in place (seqlen_q <=
+   FA_I_DECODE_MAX_Q, its memory-bound case), or else each sequence's keys
+   are gathered into the workspace and run as a dense problem of batch 1 on
+   the dense path's kernels (a query chunk long enough that attending costs
+   more than the copy). */
+static fa_status fa_i_page_copy(const fa_params *p, int k_or_v, const int32_t *table,
+                                const int32_t *start, void *dense, const fa_layout *dense_l,
+                                int batch, int rows, cudaStream_t stream)
+{
+    fa_i_page_rows_args a;
+    const int d = k_or_v ? p->head_dim_v : p->head_dim;
+    int64_t n;
+    a.cache = (char *)(k_or_v ? p->v : p->k);
+    a.cache_l = k_or_v ? p->v_layout : p->k_layout;
+    a.table = table, a.start = start, a.max_pages = p->max_pages, a.page_size = p->page_size;
+    a.dense = (char *)dense, a.dense_l = *dense_l;
+    a.batch = batch, a.rows = rows, a.heads = p->heads_kv;
+    a.elem_bytes = (int)fa_dtype_size(p->dtype);
+    a.chunks = d * a.elem_bytes / 16;
+    a.to_pages = start != NULL;
+    n = (int64_t)batch * rows * a.heads * a.chunks;
+    if (n <= 0) return FA_OK;
+    return fa_i_launch((const void *)fa_i_page_rows, dim3(fa_i_blocks(n, 256)), 256, 0, stream, &a,
+                       NULL);
+}
+
+static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
+{
+    fa_i_forward_plan plan;
+    fa_params *p = &plan.p;
+    fa_i_device dev;
+    size_t table_bytes, avail;
+    int32_t *table_dev, *seqlens_dev;
+    char *rest;
+    int64_t es;
+    int taken = 0, b;
+    fa_status s = fa_i_cuda_check(params, call->pass, p, &plan.k, &dev);
+    cudaError_t e;
+    if (s != FA_OK) return s;
+    es = (int64_t)fa_dtype_size(p->dtype);
+    if (FA_VARIANT != 2) return fa_i_fail(FA_ERR_UNSUPPORTED, "paged K/V needs FA_VARIANT 2");
+    if ((s = fa_i_paged_check(p)) != FA_OK) return s;
+    if (p->seqlen_new > 0 && (!fa_i_aligned(p->k_new, &p->k_new_layout, p->dtype) ||
+                              !fa_i_aligned(p->v_new, &p->v_new_layout, p->dtype)))
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "k_new, v_new rows must be 16-byte aligned");
+    table_bytes = (sizeof(int32_t) * ((size_t)p->batch * p->max_pages + p->batch) + 15) / 16 * 16;
+    avail = !call->run ? (size_t)-1
+            : call->workspace_size > table_bytes ? call->workspace_size - table_bytes : 0;
+    plan.workspace = 0;
+    if ((s = fa_i_plan_decode(&plan, &dev, avail, &taken)) != FA_OK) return s;
+    if (!taken) { /* a dense K and V of the longest sequence */
+        plan.workspace = (size_t)es * p->seqlen_k * p->heads_kv * (p->head_dim + p->head_dim_v);
+#if FA_I_SM90
+        plan.algorithm = fa_i_fa3_compiled(fa_i_fa3_pick(p, plan.k)->fn,
+                                           fa_i_fa3_pick(p, plan.k)->smem, &dev) ? 3 : 2;
+#else
+        plan.algorithm = 2;
+#endif
+    }
+    call->need = table_bytes + plan.workspace;
+    call->algorithm = plan.algorithm;
+    if (!call->run) return FA_OK;
+    if (!call->workspace || call->workspace_size < call->need || (uintptr_t)call->workspace % 16)
+        return fa_i_fail(FA_ERR_WORKSPACE, "this paged forward needs %zu bytes of workspace, "
+                         "16-byte aligned", call->need);
+    if ((s = fa_i_check_aliasing(p, FA_PASS_FORWARD, call->workspace, call->need)) != FA_OK) return s;
+    table_dev = (int32_t *)call->workspace;
+    seqlens_dev = table_dev + (size_t)p->batch * p->max_pages;
+    rest = (char *)call->workspace + table_bytes;
+    if ((e = cudaMemcpyAsync(table_dev, p->block_table, sizeof(int32_t) * p->batch * p->max_pages,
+                             cudaMemcpyHostToDevice, call->stream)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(seqlens_dev, p->cache_seqlens, sizeof(int32_t) * p->batch,
+                             cudaMemcpyHostToDevice, call->stream)) != cudaSuccess)
+        return fa_i_cuda_error(e, "cudaMemcpyAsync of the block table");
+    if (p->seqlen_new > 0 &&
+        ((s = fa_i_page_copy(p, 0, table_dev, seqlens_dev, (void *)p->k_new, &p->k_new_layout,
+                             p->batch, p->seqlen_new, call->stream)) != FA_OK ||
+         (s = fa_i_page_copy(p, 1, table_dev, seqlens_dev, (void *)p->v_new, &p->v_new_layout,
+                             p->batch, p->seqlen_new, call->stream)) != FA_OK))
+        return s;
+    if (taken) { /* the kernel reads the tables through p */
+        p->block_table = table_dev, p->cache_seqlens = seqlens_dev;
+        return fa_i_run_decode(&plan, rest, call->stream);
+    }
+    for (b = 0; b < p->batch && s == FA_OK; ++b) {
+        const int nk = p->cache_seqlens[b] + p->seqlen_new;
+        fa_params seq = *p;
+        seq.batch = 1, seq.seqlen_k = nk, seq.positions = 0;
+        seq.q = (const char *)p->q + b * p->q_layout.batch * es;
+        seq.o = (char *)p->o + b * p->o_layout.batch * (int64_t)fa_dtype_size(p->o_dtype);
+        seq.lse = p->lse ? p->lse + (int64_t)b * p->heads_q * p->seqlen_q : NULL;
+        if (nk == 0) { /* no keys: O = 0, LSE = -inf */
+            fa_layout lse_l;
+            lse_l.batch = 0, lse_l.head = p->seqlen_q, lse_l.seq = 1;
+            s = fa_i_fill(seq.o, &p->o_layout, p->seqlen_q, p->heads_q, p->head_dim_v, p->o_dtype,
+                          0.0f, call->stream);
+            if (s == FA_OK && seq.lse)
+                s = fa_i_fill(seq.lse, &lse_l, p->seqlen_q, p->heads_q, 1, FA_DTYPE_F32, -INFINITY,
+                              call->stream);
+            continue;
+        }
+        seq.k = rest, seq.v = rest + (size_t)es * nk * p->heads_kv * p->head_dim;
+        seq.k_layout.head = p->head_dim, seq.k_layout.seq = (int64_t)p->heads_kv * p->head_dim;
+        seq.k_layout.batch = nk * seq.k_layout.seq;
+        seq.v_layout.head = p->head_dim_v, seq.v_layout.seq = (int64_t)p->heads_kv * p->head_dim_v;
+        seq.v_layout.batch = nk * seq.v_layout.seq;
+        seq.block_table = NULL, seq.cache_seqlens = NULL;
+        seq.k_new = seq.v_new = NULL, seq.seqlen_new = 0;
+        if ((s = fa_i_page_copy(p, 0, table_dev + (size_t)b * p->max_pages, NULL, (void *)seq.k,
+                                &seq.k_layout, 1, nk, call->stream)) != FA_OK ||
+            (s = fa_i_page_copy(p, 1, table_dev + (size_t)b * p->max_pages, NULL, (void *)seq.v,
+                                &seq.v_layout, 1, nk, call->stream)) != FA_OK)
+            return s;
+        s = fa_cuda_forward(&seq, NULL, 0, call->stream);
+    }
+    return s;
+}
+
+static fa_status fa_i_seq_run(const fa_params *params, fa_i_seq_call *call)
+{
+    return params->block_table ? fa_i_paged_run(params, call) : fa_i_varlen_run(params, call);
 }
 
 #ifdef __cplusplus

@@ -11,7 +11,11 @@ the mask top-left, the library bottom-right); the library's masks are tested
 in the test suite.
 
 Writes results_decode.md and .json (in --out, default bench/).
-Usage: python3 bench/bench_decode.py [--quick] [--out DIR]"""
+With --paged PAGE_SIZE (default 64) the library also reads the same K/V
+from a paged cache (shuffled pages, fa_params.block_table), timed in the
+same rotation: the paged/dense column.
+
+Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZE] [--out DIR]"""
 import argparse
 import ctypes
 import datetime
@@ -27,6 +31,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import fa  # noqa: E402
+import numpy as np  # noqa: E402
 
 try:
     import torch
@@ -45,18 +50,38 @@ HQ, HKV = 32, 8
 ROTATE_BYTES = 256 << 20
 COPY_BYTES = 2 << 30  # the copy timed beside every row: 2 GiB read, 2 GiB written
 COPY = None
+PAGE_SIZE = 0
+EXTRA = []  # (name, shim) of --extra builds
 
 
 class Decode:
-    """flashattn's forward on torch tensors [B, N, H, d] with the workspace it asks for."""
+    """flashattn's forward on torch tensors [B, N, H, d] with the workspace it
+    asks for; with page_size, on a copy of K and V in a paged cache (pages of
+    every sequence in a shuffled order, a block table in host memory)."""
 
-    def __init__(self, q, k, v, o, lib):
+    def __init__(self, q, k, v, o, lib, page_size=0):
         self.lib = lib
         p = fa.Params()
         p.dtype = fa.DTYPES["bf16"]
         p.batch, p.seqlen_q, p.heads_q, p.head_dim = q.shape
         p.seqlen_k, p.heads_kv = k.shape[1], k.shape[2]
         p.q, p.k, p.v, p.o = (t.data_ptr() for t in (q, k, v, o))
+        if page_size:
+            b, nk = k.shape[:2]
+            per = -(-nk // page_size)
+            order = torch.randperm(b * per, generator=torch.Generator().manual_seed(nk))
+            self.caches = []
+            for x in (k, v):
+                padded = torch.zeros(b, per * page_size, *x.shape[2:], dtype=x.dtype, device=x.device)
+                padded[:, :nk] = x
+                cache = torch.empty_like(padded).view(b * per, page_size, *x.shape[2:])
+                cache[order.to(x.device)] = padded.view(b * per, page_size, *x.shape[2:])
+                self.caches.append(cache)
+            self.table = order.to(torch.int32).view(b, per).numpy().copy()
+            self.lens = np.full(b, nk, np.int32)
+            p.k, p.v = (c.data_ptr() for c in self.caches)
+            p.block_table, p.max_pages, p.page_size = self.table.ctypes.data, per, page_size
+            p.num_pages, p.cache_seqlens = b * per, self.lens.ctypes.data
         self.p = p
         lib.fa_cuda_forward_workspace_size.restype = ctypes.c_size_t
         size = lib.fa_cuda_forward_workspace_size(ctypes.byref(p))
@@ -118,6 +143,16 @@ def run_row(b, nk, nq, d, reps):
     row["err_ours"] = err(o)
     assert row["err_ours"] < 1e-2, row
     fns = {"ours": ours}
+    if PAGE_SIZE:
+        paged = [Decode(q_, k_, v_, o_, fa.GPU, PAGE_SIZE) for q_, k_, v_, o_ in inputs]
+        o.fill_(float("nan"))
+        paged[0]()
+        torch.cuda.synchronize()
+        row["err_paged"] = err(o)
+        assert row["err_paged"] < 1e-2, row
+        fns["paged"] = paged
+    for name, lib in EXTRA:  # other builds' dense decode, for same-process A/B
+        fns[name] = [Decode(q_, k_, v_, torch.empty_like(o_), lib) for q_, k_, v_, o_ in inputs]
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         runs = []
@@ -162,8 +197,11 @@ def fmt(row, key, digits=0):
 
 
 def table(rows):
+    paged = any("paged_gbs" in r for r in rows)
     lines = ["| B | Nk | Nq | d | K+V MB | splits | ours GB/s | % of copy | % of 4.8 TB/s | "
-             "flash | cuDNN | FA4 | ours/cuDNN | ours/FA4 |", "|" + "---|" * 14]
+             "flash | cuDNN | FA4 | ours/cuDNN | ours/FA4 |"
+             + (f" paged ({PAGE_SIZE}) GB/s | paged/dense |" if paged else ""),
+             "|" + "---|" * (16 if paged else 14)]
     for r in rows:
         pct = 100 * r["ours_gbs"] / r["copy_gbs"]
         lines.append(
@@ -171,7 +209,11 @@ def table(rows):
             f"{r['ours_gbs']:.0f} | {pct:.0f} | {r['ours_gbs'] / 48:.0f} | {fmt(r, 'flash_gbs')} | "
             f"{fmt(r, 'cudnn_gbs')} | {fmt(r, 'fa4_gbs')} | "
             + (f"{r['ours_gbs'] / r['cudnn_gbs']:.2f}" if "cudnn_gbs" in r else "-") + " | "
-            + (f"{r['ours_gbs'] / r['fa4_gbs']:.2f}" if "fa4_gbs" in r else "-") + " |")
+            + (f"{r['ours_gbs'] / r['fa4_gbs']:.2f}" if "fa4_gbs" in r else "-") + " |"
+            + (f" {fmt(r, 'paged_gbs')} | "
+               + (f"{r['paged_gbs'] / r['ours_gbs']:.2f}" if "paged_gbs" in r else "-") + " |"
+               if paged else "")
+            + "".join(f" {name}/ours {r[name + '_gbs'] / r['ours_gbs']:.3f} |" for name, _ in EXTRA))
     return lines
 
 
@@ -179,7 +221,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=HERE)
+    ap.add_argument("--paged", type=int, default=64, metavar="PAGE_SIZE",
+                    help="also time the same K/V in a paged cache of these pages (0: not)")
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=SHIM",
+                    help="also time another build's dense decode (a tests/shim_cuda.cu .so)")
+    ap.add_argument("--rows", default="", metavar="B,NK,NQ,D;...", help="only these rows")
     args = ap.parse_args()
+    global PAGE_SIZE
+    PAGE_SIZE = args.paged
+    EXTRA.extend((e.split("=")[0], fa.load_gpu(os.path.abspath(e.split("=")[1]))) for e in args.extra)
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_decode: needs a GPU, the CUDA shim (make) and PyTorch; skipped")
         return
@@ -192,6 +242,8 @@ def main():
     configs += [(b, nk, 1, 256) for b, nk in ((1, 131072), (8, 32768), (32, 8192))]
     if args.quick:
         configs = [c for c in configs if c[2] == 1 and c[3] == 128]
+    if args.rows:
+        configs = [tuple(int(x) for x in r.split(",")) for r in args.rows.split(";")]
     rows = []
     for b, nk, nq, d in configs:
         rows.append(run_row(b, nk, nq, d, reps=10))

@@ -42,7 +42,7 @@ static void down(mirror *m)
     }
 }
 
-enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, QD, KD, VD, TENSORS };
+enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, QD, KD, VD, KN, VN, TENSORS };
 
 /* Floats of an FP8 descale array of fp8_scaling's shape. */
 static size_t descales(const fa_params *p, int heads, int seq)
@@ -63,21 +63,28 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
     const int batch = varlen ? 1 : p->batch;
     const int rows_q = !varlen ? p->seqlen_q : p->cu_seqlens_q[p->batch] > 0 ? p->cu_seqlens_q[p->batch] : 1;
     const int rows_k = !varlen ? p->seqlen_k : p->cu_seqlens_k[p->batch] > 0 ? p->cu_seqlens_k[p->batch] : 1;
+    /* paged: K and V are caches of pages (block_table, cache_seqlens stay in host memory) */
+    const int paged = p->block_table != NULL, batch_kv = paged ? p->num_pages : batch;
+    const int rows_kv = paged ? p->page_size : rows_k;
     int bad = 0;
     memset(m, 0, sizeof(mirror) * TENSORS);
     *d = *p;
-#define FA_TEST_UP(idx, field, rows, heads, size)                                            \
+#define FA_TEST_UP(idx, field, batch, rows, heads, size)                                     \
     bad |= up(&m[idx], (void *)p->field,                                                     \
               size * span(&p->field##_layout, batch, rows, p->heads, p->head_dim));          \
     d->field = m[idx].dev;
-    FA_TEST_UP(Q, q, rows_q, heads_q, es)
-    FA_TEST_UP(K, k, rows_k, heads_kv, es)
-    FA_TEST_UP(V, v, rows_k, heads_kv, es)
-    FA_TEST_UP(O, o, rows_q, heads_q, o_es)
-    FA_TEST_UP(DOUT, dout, rows_q, heads_q, es)
-    FA_TEST_UP(DQ, dq, rows_q, heads_q, g_es)
-    FA_TEST_UP(DK, dk, rows_k, heads_kv, g_es)
-    FA_TEST_UP(DV, dv, rows_k, heads_kv, g_es)
+    FA_TEST_UP(Q, q, batch, rows_q, heads_q, es)
+    FA_TEST_UP(K, k, batch_kv, rows_kv, heads_kv, es)
+    FA_TEST_UP(V, v, batch_kv, rows_kv, heads_kv, es)
+    FA_TEST_UP(O, o, batch, rows_q, heads_q, o_es)
+    FA_TEST_UP(DOUT, dout, batch, rows_q, heads_q, es)
+    FA_TEST_UP(DQ, dq, batch, rows_q, heads_q, g_es)
+    FA_TEST_UP(DK, dk, batch, rows_k, heads_kv, g_es)
+    FA_TEST_UP(DV, dv, batch, rows_k, heads_kv, g_es)
+    if (paged && p->seqlen_new > 0) {
+        FA_TEST_UP(KN, k_new, batch, p->seqlen_new, heads_kv, es)
+        FA_TEST_UP(VN, v_new, batch, p->seqlen_new, heads_kv, es)
+    }
 #undef FA_TEST_UP
     if (fp8) {
         bad |= up(&m[QD], (void *)p->q_descale, sizeof(float) * descales(p, p->heads_q, p->seqlen_q));

@@ -1,8 +1,9 @@
-"""Paged K/V caches on the CPU path (block_table, cache_seqlens, page_size,
+"""Paged K/V caches (block_table, cache_seqlens, page_size,
 and the append of k_new / v_new into the pages), forward, against the
 float64 reference of each sequence's gathered keys; the cache after the
-append; bad tables and sizes refused with nothing written; the GPU and the
-reference refuse."""
+append; bad tables and sizes refused with nothing written; the same on the
+GPU (decode kernel over the pages, gathered prefill chunks); the reference
+refuses."""
 import ctypes
 
 import numpy as np
@@ -11,6 +12,7 @@ import fa
 import reference
 from harness import case, test, Skip
 from test_cpu import check, check_lse, rng_for
+from test_gpu import need_gpu
 
 
 class PagedProblem:
@@ -45,7 +47,9 @@ class PagedProblem:
         v = np.concatenate([self.v_cache[rows[0], rows[1]], self.v_new[b, :self.new]])
         return k[None], v[None]
 
-    def run(self, backend="fa2", mutate=None, backward=False):
+    def run(self, backend="fa2", mutate=None, backward=False, workspace=None):
+        """Status, tensors and LSE of one call; workspace: the GPU forward with
+        that many bytes (None: the size the library asks for)."""
         t = {"q": fa.Tensor(self.q.shape, self.dtype, self.layout, self.q),
              "k": fa.Tensor(self.k_cache.shape, self.dtype, self.layout, self.k_cache),
              "v": fa.Tensor(self.v_cache.shape, self.dtype, self.layout, self.v_cache),
@@ -68,14 +72,23 @@ class PagedProblem:
         p.block_table, p.max_pages, p.page_size = self.table.ctypes.data, self.mp, self.ps
         p.num_pages, p.cache_seqlens, p.seqlen_new = self.num_pages, self.lens.ctypes.data, self.new
         keep = mutate(p) if mutate else None
-        status = (fa.call_backward if backward else fa.call_forward)(backend, p)
+        if workspace is not None:
+            status = fa.GPU.fa_test_gpu_forward_workspace(ctypes.byref(p), workspace)
+        else:
+            status = (fa.call_backward if backward else fa.call_forward)(backend, p)
+        if backend == "gpu" and not backward:
+            self.workspace_size = fa.GPU.fa_test_gpu_forward_workspace_size(ctypes.byref(p))
         del keep
         return status, t, lse.astype(np.float64)
 
 
-def paged_case(**cfg):
-    prob = PagedProblem(rng_for("paged" + str(cfg)), **cfg)
+def paged_case(backend="fa2", num_splits=0, **cfg):
+    if backend == "gpu":
+        need_gpu()
+    prob = PagedProblem(rng_for("paged" + backend + str(cfg)), **cfg)
     args = dict(scale=prob.scale, causal=prob.causal, window=prob.window, softcap=prob.softcap)
+    # the GPU's tensor cores take P in the storage dtype; its mirror rounds the same way
+    round_p = (lambda x: fa.quantize(x, prob.dtype)) if backend == "gpu" else None
     ref_o = np.zeros(prob.q.shape[:3] + (prob.dv,))
     low_o = np.zeros_like(ref_o)
     ref_lse = np.full((prob.b, prob.hq, prob.nq), -np.inf)
@@ -85,8 +98,9 @@ def paged_case(**cfg):
             continue
         o, lse = reference.forward(prob.q[b:b + 1], k, v, **args)
         ref_o[b], ref_lse[b] = o[0], lse[0]
-        low_o[b] = reference.forward(prob.q[b:b + 1], k, v, precision=np.float32, **args)[0][0]
-    status, t, lse = prob.run()
+        low_o[b] = reference.forward(prob.q[b:b + 1], k, v, precision=np.float32, round_p=round_p,
+                                     **args)[0][0]
+    status, t, lse = prob.run(backend, _set(num_splits=num_splits) if num_splits else None)
     assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.CPU.fa_last_error_detail().decode()}"
     err = check("paged o", t["o"].values(), ref_o, low_o, prob.dtype)
     check_lse(lse, ref_lse)
@@ -115,8 +129,36 @@ case("paged_page_256_bf16_softcap", paged_case, cache_lens=[300, 511], seqlen_ne
 case("paged_empty_sequence_f16", paged_case, cache_lens=[0, 40], seqlen_q=2, dtype="f16",
      page_size=16, max_pages=4)
 
+# The GPU: seqlen_q <= 16 on the decode kernel reading the pages in place
+# (split or not), longer query chunks gathered per sequence onto the dense
+# kernels; page sizes from 1 to past the key tiles, empty sequences, appends.
+for name, cfg in (
+        ("decode_append_d128", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
+                                    max_pages=64, heads_q=8, heads_kv=2, head_dim=128)),
+        ("decode_split_7", dict(cache_lens=[300, 1000], seqlen_new=1, page_size=64, max_pages=16,
+                                heads_q=4, heads_kv=1, num_splits=7)),
+        ("decode_split_1_page_1", dict(cache_lens=[77, 130], seqlen_new=2, seqlen_q=2, page_size=1,
+                                       max_pages=140, causal=True, num_splits=1)),
+        ("speculative_16_window_softcap_f16", dict(cache_lens=[500, 0, 33], seqlen_new=16,
+                                                   seqlen_q=16, page_size=32, max_pages=20,
+                                                   causal=True, window=(100, 0), softcap=30.0,
+                                                   dtype="f16", heads_q=16, heads_kv=4)),
+        ("decode_page_256_d256_padded", dict(cache_lens=[600, 255], seqlen_q=1, page_size=256,
+                                             max_pages=3, head_dim=256, layout="padded")),
+        ("decode_empty_sequences", dict(cache_lens=[0, 0, 5], seqlen_q=3, page_size=16,
+                                        max_pages=2, causal=True)),
+        ("prefill_chunk_causal_d128", dict(cache_lens=[200, 0, 513], seqlen_new=40, seqlen_q=40,
+                                           page_size=16, max_pages=40, causal=True, heads_q=8,
+                                           heads_kv=2, head_dim=128)),
+        ("prefill_chunk_empty_sequence_d64", dict(cache_lens=[0, 90], seqlen_q=33, page_size=8,
+                                                  max_pages=16, causal=True, dtype="f16")),
+        ("prefill_window_page_48", dict(cache_lens=[100, 260], seqlen_new=20, seqlen_q=20,
+                                        page_size=48, max_pages=8, window=(64, 8), heads_q=6,
+                                        heads_kv=3))):
+    case(f"gpu_paged_{name}", paged_case, backend="gpu", **dict(dict(dtype="bf16"), **cfg))
 
-def _paged_bad(mutate, expected, backends=("fa2",)):
+
+def _paged_bad(mutate, expected, backends=("fa2", "gpu")):
     prob = PagedProblem(rng_for("paged_bad"), cache_lens=[10, 20], seqlen_new=2, page_size=8,
                         max_pages=4)
     ran = 0
@@ -164,7 +206,25 @@ for name, mutate, expected in (
         ("o_over_the_cache", lambda p: setattr(p, "o", p.v), "FA_ERR_INVALID_LAYOUT")):
     case(f"paged_bad_{name}", _paged_bad, mutate, expected)
 case("paged_bad_reference_refuses", _paged_bad, None, "FA_ERR_UNSUPPORTED", ("ref",))
-case("gpu_paged_bad_refused", _paged_bad, None, "FA_ERR_UNSUPPORTED", ("gpu",))
+
+
+@test
+def gpu_paged_workspace_too_small():
+    """The GPU's paged call takes its workspace from the caller (the block
+    table's copy, the split parts): one byte short is FA_ERR_WORKSPACE with
+    nothing written, the cache included."""
+    need_gpu()
+    prob = PagedProblem(rng_for("paged_ws"), cache_lens=[10, 20], seqlen_new=2, page_size=8,
+                        max_pages=4, dtype="bf16")
+    status, t, lse = prob.run("gpu")
+    assert status == fa.FA_OK, fa.status_name(status)
+    need = prob.workspace_size
+    assert need >= 4 * (2 * 4 + 2), f"{need} bytes cannot hold the block table"
+    status, t, lse = prob.run("gpu", workspace=need - 1)
+    assert status == fa.STATUS["FA_ERR_WORKSPACE"], fa.status_name(status)
+    assert np.isnan(t["o"].values()).all() and np.isnan(lse).all(), "wrote o or lse"
+    assert np.array_equal(t["k"].values(), prob.k_cache), "wrote the cache"
+    return f"needs {need} bytes"
 
 
 @test

@@ -30,7 +30,9 @@
                appended by a copy kernel; seqlen_q <= 16 on the decode
                kernel reading the pages in place, longer query chunks
                gathered per sequence and run dense (>> host, at the end).
-   Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above).
+   Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
+   other multiples of 8 up to 256 run on a larger head dim's kernels, the
+   columns past d zero-filled on load and never stored (fa_i_find_kernels).
    Options: >> options.
 
    CONTENTS  sections in dataflow order; search for ">> name"
@@ -563,6 +565,7 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa3_fwd[2]; /* tile variants t0, t1 */
     fa_i_kernel fa3_bwd;
     fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
+    int head_dim;           /* the tiles' (a problem's may be smaller: >> host) */
 } fa_i_kernels;
 
 /* The decode kernel's launch: row tiles of 16 per CTA, row blocks per kv
@@ -586,8 +589,9 @@ typedef struct fa_i_combine_args {
 /* Arguments every backward kernel shares, beside the params. */
 typedef struct fa_i_bwd_args {
     float *dsum;   /* [B, Hq, Nq] D = rowsum(dO * O) */
-    float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, 64-row blocks][64 d], tiled as
-                      fa_i_bwd_postprocess says */
+    float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, 64-row blocks][64 acc_d], tiled
+                      as fa_i_bwd_postprocess says */
+    int acc_d;     /* the kernels' head dim (the tile's, >= the problem's) */
 } fa_i_bwd_args;
 
 /* A staged gradient (accumulate_grads, grads_f32): the backward's kernels
@@ -597,7 +601,7 @@ typedef struct fa_i_grad_out {
     const uint16_t *src;
     void *dst;
     fa_layout dst_layout;
-    int batch, seq, heads;
+    int batch, seq, heads, d;
 } fa_i_grad_out;
 
 #if FA_I_SM90
@@ -1214,19 +1218,22 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    first: otherwise the compiler hoists the addresses out of the caller's key
    loop and holds them in registers, which spills the 64-key tiles.
    With `pages` (a paged cache, >> decode), row c is row c % page_size of
-   page pages[c / page_size], pages page_stride elements apart from g. */
+   page pages[c / page_size], pages page_stride elements apart from g.
+   Columns from `cols` (the problem's head dim, a multiple of 8, where it is
+   below the tile's d) are zero-filled, read from nowhere. */
 static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, const int32_t *pages,
                                                        int page_size, int64_t page_stride,
                                                        int row0, int rows, int tile_rows, int d,
-                                                       int ld, int tid, int nthreads)
+                                                       int cols, int ld, int tid, int nthreads)
 {
     const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
     const int swizzled = ld % 64 == 0;
-    int r, x0, pass, c;
+    int r, x0, pass, c, chunk0;
     const uint16_t *src;
     asm volatile("" : "+r"(tid));
     r = tid / tpr;
+    chunk0 = tid % tpr;
     x0 = swizzled ? (tid % tpr) ^ (r & 7) : tid % tpr; /* this thread's first chunk in smem */
     smem += r * ld;
     src = g + (int64_t)(row0 + r) * stride + (tid % tpr) * 8;
@@ -1241,19 +1248,21 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
                                                   (int64_t)(c_row % page_size) * stride +
                                                   (tid % tpr) * 8;
 #pragma unroll
-            for (c = 0; c < chunks / tpr; ++c)
-                fa_i_cp_async16(smem + pass * step * ld + (x + c * tpr) * 8, from + c * tpr * 8,
-                                valid ? 16 : 0);
+            for (c = 0; c < chunks / tpr; ++c) {
+                const int there = valid && 8 * (chunk0 + c * tpr) < cols;
+                fa_i_cp_async16(smem + pass * step * ld + (x + c * tpr) * 8,
+                                there ? from + c * tpr * 8 : g, there ? 16 : 0);
+            }
         }
 }
 
 /* fa_i_async_rows of dense rows. */
 static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, int row0, int rows,
-                                                       int tile_rows, int d, int ld, int tid,
-                                                       int nthreads)
+                                                       int tile_rows, int d, int cols, int ld,
+                                                       int tid, int nthreads)
 {
-    fa_i_async_rows(smem, g, stride, NULL, 1, 0, row0, rows, tile_rows, d, ld, tid, nthreads);
+    fa_i_async_rows(smem, g, stride, NULL, 1, 0, row0, rows, tile_rows, d, cols, ld, tid, nthreads);
 }
 
 /* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv) into the
@@ -1264,9 +1273,9 @@ static __device__ __forceinline__ void fa_i_async_kv(uint16_t *sk, uint16_t *sv,
                                                      int ld, int tid, int nthreads)
 {
     fa_i_async_rows(sk, gk, p->k_layout.seq, pages, p->page_size, p->k_layout.batch, c0, p->seqlen_k,
-                    bn, d, ld, tid, nthreads);
+                    bn, d, p->head_dim, ld, tid, nthreads);
     fa_i_async_rows(sv, gv, p->v_layout.seq, pages, p->page_size, p->v_layout.batch, c0, p->seqlen_k,
-                    bn, d, ld, tid, nthreads);
+                    bn, d, p->head_dim_v, ld, tid, nthreads);
 }
 
 /* Base-2 score of a raw logit x = q.k: scale * log2(e) * x, or with softcap
@@ -1527,11 +1536,12 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
        the Q copies (a thread copies rows of other warps) before the epilogue
        writes O over them; without it a late copy would overwrite O's zeros. */
     if (n_first < n_end)
-        fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
+        fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
     if (n_first < n_end && STAGES == 2)
         fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, LD, tid, NT);
     if (n_first < n_end && STAGES == 1)
-        fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, LD, tid, NT);
+        fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, p.head_dim, LD,
+                        tid, NT);
     fa_i_cp_async_commit();
     for (n = n_first; n < n_end; ++n) {
         const int stage = (n - n_first) & (STAGES - 1), c0 = n * BN;
@@ -1550,7 +1560,8 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
             fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p, NULL,
                           c0 + BN, BN, D, LD, tid, NT);
         if (STAGES == 1)
-            fa_i_async_tile(sv, gv, p.v_layout.seq, c0, p.seqlen_k, BN, D, LD, tid, NT);
+            fa_i_async_tile(sv, gv, p.v_layout.seq, c0, p.seqlen_k, BN, D, p.head_dim_v, LD, tid,
+                            NT);
         fa_i_cp_async_commit();
 
 #pragma unroll
@@ -1652,7 +1663,8 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
             fa_i_cp_async_wait_0();
             __syncthreads();
             if (n + 1 < n_end)
-                fa_i_async_tile(sk, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN, D, LD, tid, NT);
+                fa_i_async_tile(sk, gk, p.k_layout.seq, c0 + BN, p.seqlen_k, BN, D, p.head_dim, LD,
+                                tid, NT);
             fa_i_cp_async_commit();
         }
 #pragma unroll
@@ -1693,7 +1705,7 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
 #pragma unroll
         for (i = 0; i < 16 * MT * (D / 8) / 32; ++i) { /* a warp's pass: 512 bytes */
             const int r = wrow + (32 * i + lane) / (D / 8), c = 8 * ((32 * i + lane) % (D / 8));
-            if (m0 + r < p.seqlen_q)
+            if (m0 + r < p.seqlen_q && c < p.head_dim_v)
                 *(uint4 *)(go + (int64_t)(m0 + r) * p.o_layout.seq + c) =
                     *(const uint4 *)(sq + FA_I_SMEM_AT(r, c, LD));
         }
@@ -2711,7 +2723,8 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
 
     /* Q: the packed rows, 16-byte chunks (rows past the end as zeros) */
     for (i = tid; i < rows * (D / 8); i += NT) {
-        const int r = i / (D / 8), c = 8 * (i % (D / 8)), pr = r0 + r, valid = pr < r_end;
+        const int r = i / (D / 8), c = 8 * (i % (D / 8)), pr = r0 + r;
+        const int valid = pr < r_end && c < p.head_dim;
         const uint16_t *src = (const uint16_t *)p.q;
         if (valid)
             src += fa_i_dev_offset(&p.q_layout, b, hk * group + pr % group, pr / group) + c;
@@ -2869,11 +2882,12 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
                     make_float2(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
             if (write_lse) a.lse_part[(int64_t)split * a.lse_floats + lse_at] = lse;
         } else {
-            uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, t) + col0;
+            uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, t);
 #pragma unroll
             for (i = 0; i < DW / 8; ++i)
-                *(uint32_t *)(go + 8 * i + 2 * (lane & 3)) =
-                    FA_I_PACK(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
+                if (col0 + 8 * i < p.head_dim_v)
+                    *(uint32_t *)(go + col0 + 8 * i + 2 * (lane & 3)) =
+                        FA_I_PACK(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
             if (write_lse && p.lse) p.lse[lse_at] = lse;
         }
     }
@@ -3249,9 +3263,9 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
 
 /* A backward kernel's epilogue: dK (times the softmax scale) and dV of one
    key at columns col, col + 1 into gdk, gdv, unless the key is past the end
-   (FA_I_PACK: the kernel's dtype). */
+   or the columns past the head dim (FA_I_PACK: the kernel's dtype). */
 #define FA_I_STORE_DK_DV(key, col, dk0, dk1, dv0, dv1)                                           \
-    if ((key) < p.seqlen_k) {                                                                     \
+    if ((key) < p.seqlen_k && (col) < p.head_dim) {                                               \
         *(uint32_t *)(gdk + (int64_t)(key) * p.dk_layout.seq + (col)) =                           \
             FA_I_PACK((dk0) * p.scale, (dk1) * p.scale);                                          \
         *(uint32_t *)(gdv + (int64_t)(key) * p.dv_layout.seq + (col)) = FA_I_PACK((dv0), (dv1)); \
@@ -3266,10 +3280,10 @@ static __host__ __device__ __forceinline__ int fa_i_pre_lanes(int d)
 
 #if FA_I_HOST /* the kernels the host launches for every head dim */
 /* D = rowsum(dO * O) per query row, and the fp32 dQ accumulator's rows
-   zeroed (padding rows too), fa_i_pre_lanes(d) lanes per row. */
+   zeroed (padding rows too), fa_i_pre_lanes(acc_d) lanes per row. */
 static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 {
-    const int d = p.head_dim, lanes = fa_i_pre_lanes(d), per_head = fa_i_dq_blocks(&p) * 64;
+    const int dv = p.head_dim_v, lanes = fa_i_pre_lanes(a.acc_d), per_head = fa_i_dq_blocks(&p) * 64;
     const int lane = threadIdx.x & (lanes - 1);
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
     const int64_t bh = row / per_head;
@@ -3278,13 +3292,13 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
     float sum = 0.0f;
     int i;
     if (a.dq_acc && in_acc)
-        for (i = 4 * lane; i < d; i += 4 * lanes)
-            *(float4 *)(a.dq_acc + row * d + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (i = 4 * lane; i < a.acc_d; i += 4 * lanes)
+            *(float4 *)(a.dq_acc + row * a.acc_d + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (has_d) {
         const int h = (int)(bh % p.heads_q), b = (int)(bh / p.heads_q);
         const uint16_t *o = (const uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, s);
         const uint16_t *g = (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, s);
-        for (i = 8 * lane; i < d; i += 8 * lanes)
+        for (i = 8 * lane; i < dv; i += 8 * lanes)
             sum += fa_i_dot8(*(const uint4 *)(o + i), *(const uint4 *)(g + i),
                              p.dtype == FA_DTYPE_BF16);
     }
@@ -3292,7 +3306,8 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
     if (lane == 0 && has_d) a.dsum[bh * p.seqlen_q + s] = sum;
 }
 
-/* dQ = scale * accumulator in the params' dtype and layout. The accumulator
+/* dQ = scale * accumulator in the params' dtype and layout (its first
+   head_dim columns of acc_d). The accumulator
    is tiled in the order of the MMA accumulators: each 64-row block is d / 8
    groups of 8 columns, 512 floats each, and in a group, the 4 floats of
    columns c, c + 1 (c even) of rows r and r + 8 (r % 16 < 8, r counted in
@@ -3309,7 +3324,7 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int d = p.head_dim, bf16 = p.dtype == FA_DTYPE_BF16;
+    const int d = a.acc_d, bf16 = p.dtype == FA_DTYPE_BF16;
     const int blocks = fa_i_dq_blocks(&p), x = (int)(t % (4 * d));
     const int j = x % (d / 8), m = x / (d / 8);
     const int64_t block = t / (4 * d), bh = block / blocks;
@@ -3322,7 +3337,7 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
         const float4 v = src[i];
         f[2 * i] = v.x, f[2 * i + 1] = v.y, f[8 + 2 * i] = v.z, f[8 + 2 * i + 1] = v.w;
     }
-    for (i = 0; i < 2 && r + 8 * i < p.seqlen_q; ++i)
+    for (i = 0; i < 2 && r + 8 * i < p.seqlen_q && 8 * j < p.head_dim; ++i)
         fa_i_store8((uint16_t *)p.dq +
                         fa_i_dev_offset(&p.dq_layout, (int)(bh / p.heads_q), (int)(bh % p.heads_q),
                                         r + 8 * i) +
@@ -3335,7 +3350,7 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
    accumulate_grads; 8 elements of a row per thread (d % 8 == 0 here). */
 static __global__ void fa_i_bwd_grads_out(const fa_params p, fa_i_grad_out a)
 {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, chunks = p.head_dim / 8;
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, chunks = a.d / 8;
     const int64_t row = t / chunks, c = 8 * (t % chunks); /* row of [batch, seq, heads] */
     const int bf16 = p.dtype == FA_DTYPE_BF16;
     float x[8];
@@ -3343,7 +3358,7 @@ static __global__ void fa_i_bwd_grads_out(const fa_params p, fa_i_grad_out a)
     if (row >= (int64_t)a.batch * a.seq * a.heads) return;
     const int h = (int)(row % a.heads), s = (int)(row / a.heads % a.seq);
     const int64_t to = fa_i_dev_offset(&a.dst_layout, (int)(row / a.heads / a.seq), h, s) + c;
-    const uint4 w = *(const uint4 *)(a.src + row * p.head_dim + c);
+    const uint4 w = *(const uint4 *)(a.src + row * a.d + c);
     const uint32_t u[4] = {w.x, w.y, w.z, w.w};
     for (i = 0; i < 8; ++i) x[i] = fa_i_load16(u, i, bf16);
     if (p.grads_f32) {
@@ -3396,9 +3411,9 @@ static __device__ __forceinline__ void fa_i_bwd_rows(
     float *slse, float *sdsum, int *slo, int *shi, int bm, int d, int ld, int tid, int nthreads)
 {
     fa_i_async_tile(sq, (const uint16_t *)p->q + fa_i_dev_offset(&p->q_layout, b, h, 0),
-                    p->q_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
+                    p->q_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim, ld, tid, nthreads);
     fa_i_async_tile(sdo, (const uint16_t *)p->dout + fa_i_dev_offset(&p->dout_layout, b, h, 0),
-                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, ld, tid, nthreads);
+                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim, ld, tid, nthreads);
     fa_i_bwd_row_facts(p, a, b, h, r0, slse, sdsum, slo, shi, bm, tid, nthreads);
 }
 
@@ -3411,9 +3426,12 @@ static __device__ __forceinline__ void fa_i_bwd_first_loads(
     uint16_t *sk, uint16_t *sv, uint16_t *sq, uint16_t *sdo, float *slse, float *sdsum, int *slo,
     int *shi, int bm, int d, int tid, int nthreads)
 {
-    fa_i_async_kv(sk, sv, (const uint16_t *)p->k + fa_i_dev_offset(&p->k_layout, b, hk, 0),
-                  (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0), p, NULL, c0, bn,
-                  d, FA_I_BWD_KV_PITCH(d), tid, nthreads);
+    fa_i_async_tile(sk, (const uint16_t *)p->k + fa_i_dev_offset(&p->k_layout, b, hk, 0),
+                    p->k_layout.seq, c0, p->seqlen_k, bn, d, p->head_dim, FA_I_BWD_KV_PITCH(d), tid,
+                    nthreads);
+    fa_i_async_tile(sv, (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0),
+                    p->v_layout.seq, c0, p->seqlen_k, bn, d, p->head_dim, FA_I_BWD_KV_PITCH(d), tid,
+                    nthreads);
     if (steps > 0)
         fa_i_bwd_rows(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
                       sdsum, slo, shi, bm, d, FA_I_BWD_Q_PITCH(d), tid, nthreads);
@@ -3479,7 +3497,7 @@ static __device__ __forceinline__ void fa_i_fa3_bwd_load_rows(const fa_i_fa3_bwd
 /* Async copy of BM rows from r0 of head h of tensor q or dout into smem dst. */
 #define FA_I_BWD_LOAD(dst, tensor, h, r0)                                                       \
     fa_i_async_tile(dst, (const uint16_t *)p.tensor + fa_i_dev_offset(&p.tensor##_layout, b, h, 0), \
-                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, LDQ, tid, NT)
+                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, p.head_dim, LDQ, tid, NT)
 /* Every element (i, j) of a warp's S or dP tiles, and its row (of the step's
    BM) and key (from the CTA's first). */
 #define FA_I_EACH_S(i, j)                                      \
@@ -3658,7 +3676,7 @@ static __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (i = 0; i < BN * (D / 8) / NT; ++i) {
             const int key = (i * NT + x) / (D / 8), col = 8 * ((i * NT + x) % (D / 8));
-            if (c0 + key < p.seqlen_k) {
+            if (c0 + key < p.seqlen_k && col < p.head_dim) {
                 *(uint4 *)(gdk + (int64_t)(c0 + key) * p.dk_layout.seq + col) =
                     *(const uint4 *)(sk + key * LDK + col);
                 *(uint4 *)(gdv + (int64_t)(c0 + key) * p.dv_layout.seq + col) =
@@ -3723,9 +3741,9 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
     fa_i_zero_acc(dq, D / 8);
 
     fa_i_async_tile(sq, (const uint16_t *)p.q + fa_i_dev_offset(&p.q_layout, b, h, 0),
-                    p.q_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
+                    p.q_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
     fa_i_async_tile(sdo, (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, 0),
-                    p.dout_layout.seq, m0, p.seqlen_q, BM, D, LD, tid, NT);
+                    p.dout_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
     if (n_first < n_end) fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, LD, tid, NT);
     fa_i_cp_async_commit();
     for (n = n_first; n < n_end; ++n) {
@@ -3792,10 +3810,10 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
 #pragma unroll
         for (i = 0; i < D / 8; ++i) {
             const int col = i * 8 + 2 * (lane & 3);
-            if (row0 < p.seqlen_q)
+            if (row0 < p.seqlen_q && col < p.head_dim)
                 *(uint32_t *)(gdq + row0 * p.dq_layout.seq + col) =
                     FA_I_PACK(dq[i][0] * p.scale, dq[i][1] * p.scale);
-            if (row1 < p.seqlen_q)
+            if (row1 < p.seqlen_q && col < p.head_dim)
                 *(uint32_t *)(gdq + row1 * p.dq_layout.seq + col) =
                     FA_I_PACK(dq[i][2] * p.scale, dq[i][3] * p.scale);
         }
@@ -4232,7 +4250,7 @@ static __global__ void __launch_bounds__(256, 1)
     {FA_I_NO_KERNEL,                                                                         \
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
-     FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
+     FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
@@ -4457,7 +4475,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
        128 * (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64 + 1),                           \
        FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1)},                                                \
       FA_I_NO_KERNEL},                                                                       \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
 #endif
@@ -4465,7 +4483,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt),               \
-     FA_I_DECODE_ENTRY(dt)}
+     FA_I_DECODE_ENTRY(dt), FA_I_D}
 #if FA_CUDA_SPLIT
 extern
 #else
@@ -4590,8 +4608,19 @@ typedef struct fa_i_seq_call {
 static fa_status fa_i_seq_run(const fa_params *params, fa_i_seq_call *call);
 #define FA_I_BY_SEQUENCE(params) ((params) && ((params)->cu_seqlens_q || (params)->block_table))
 
-/* The kernels for (head dim, dtype), or NULL when this build has none. */
-static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
+/* What the launchers need to know of the current device. */
+typedef struct fa_i_device {
+    int major, minor; /* compute capability */
+    int smem_optin;   /* shared memory a block may opt in to, bytes */
+    int sms;          /* multiprocessors */
+} fa_i_device;
+
+/* The kernels for head dim d and dtype, or NULL when this build has none:
+   those of d itself where it is built, else of a larger head dim whose
+   tiles run d with the columns past it zero-filled and never stored (16-bit
+   d a multiple of 8): the smallest with a Hopper kernel where dev runs them
+   (FA3 at the larger tile outruns FA2 at the nearer one), else the smallest. */
+static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype, const fa_i_device *dev)
 {
 #define FA_I_TABLE_OF(dim) fa_i_kernels_##dim,
 #define FA_I_DIM_OF(dim) dim,
@@ -4599,14 +4628,22 @@ static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype)
     static const int dims[] = {FA_I_HEAD_DIMS(FA_I_DIM_OF)};
 #undef FA_I_TABLE_OF
 #undef FA_I_DIM_OF
+    const int set = dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_F16 ? 0 : 2;
+    const int hopper = dev && dev->major == 9 && dev->minor == 0;
+    const fa_i_kernels *smallest = NULL;
+    int pass;
     size_t i;
     if (dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16 && dtype != FA_DTYPE_FP8_E4M3) return NULL;
-    for (i = 0; i < sizeof dims / sizeof dims[0]; ++i)
-        if (dims[i] == d) {
-            const fa_i_kernels *sets = tables[i] + (dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_F16 ? 0 : 2);
-            return sets->fa2_fwd.fn || sets->fa3_fwd[0].fn ? sets : NULL;
+    for (pass = 0; pass < 3; ++pass) /* d itself, a Hopper tile, any tile (dims ascend) */
+        for (i = 0; i < sizeof dims / sizeof dims[0]; ++i) {
+            const fa_i_kernels *k = tables[i] + set;
+            if (!k->fa2_fwd.fn && !k->fa3_fwd[0].fn) continue;
+            if (pass == 0 && dims[i] == d) return k;
+            if (pass == 0 || dims[i] < d || set == 2 || d % 8) continue;
+            if (pass == 1 && hopper && k->fa3_fwd[0].fn) return k;
+            if (pass == 2 && !smallest) smallest = k;
         }
-    return NULL;
+    return smallest;
 }
 
 static fa_status fa_i_cuda_error(cudaError_t e, const char *what)
@@ -4621,13 +4658,6 @@ static int fa_i_aligned(const void *ptr, const fa_layout *l, fa_dtype dtype)
     return ((uintptr_t)ptr % 16 == 0) && l->batch * e % 16 == 0 && l->head * e % 16 == 0 &&
            l->seq * e % 16 == 0;
 }
-
-/* What the launchers need to know of the current device. */
-typedef struct fa_i_device {
-    int major, minor; /* compute capability */
-    int smem_optin;   /* shared memory a block may opt in to, bytes */
-    int sms;          /* multiprocessors */
-} fa_i_device;
 
 static cudaError_t fa_i_device_facts(fa_i_device *d)
 {
@@ -4660,6 +4690,12 @@ static const fa_i_kernel *fa_i_fa2_bwd_kv_kernel(const fa_i_kernels *k, int dete
     return NULL;
 }
 
+/* The head dim a problem's tiles must hold: Q K^T's or P V's, the larger. */
+static int fa_i_tile_head_dim(const fa_params *p)
+{
+    return p->head_dim > p->head_dim_v ? p->head_dim : p->head_dim_v;
+}
+
 /* Validates for the GPU: resolved params, kernels, device and alignment;
    *device gets the current device's facts. */
 static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_params *p,
@@ -4668,17 +4704,22 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     fa_status s = fa_params_resolve(params, pass, p);
     size_t need;
     cudaError_t e;
+    *kernels = NULL;
     if (s != FA_OK) return s;
-    if (p->head_dim_v != p->head_dim)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim_v %d != head_dim %d runs on the CPU path only",
-                         p->head_dim_v, p->head_dim);
     if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16 && p->dtype != FA_DTYPE_FP8_E4M3)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "the GPU path takes f16, bf16 or fp8, not dtype %d",
                          (int)p->dtype);
-    *kernels = fa_i_find_kernels(p->head_dim, p->dtype);
-    if (!*kernels)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d with dtype %d is not in this build",
-                         p->head_dim, (int)p->dtype);
+    /* a V head dim of its own (forward): both on the tiles of the larger */
+    if (p->head_dim_v != p->head_dim &&
+        (pass != FA_PASS_FORWARD || FA_VARIANT != 2 || p->dtype == FA_DTYPE_FP8_E4M3 ||
+         p->head_dim % 8 || p->head_dim_v % 8))
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "head_dim_v %d != head_dim %d: the GPU forward only (16-bit, both "
+                         "multiples of 8, FA_VARIANT 2)", p->head_dim_v, p->head_dim);
+    if (!fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, NULL))
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "head_dim %d with dtype %d: not in this build, nor (16-bit, a multiple "
+                         "of 8) below a head dim that is", fa_i_tile_head_dim(p), (int)p->dtype);
     if (p->heads_q > 65535 || p->batch > 65535)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "heads_q and batch must be <= 65535");
     if (!fa_i_aligned(p->q, &p->q_layout, p->dtype) || !fa_i_aligned(p->k, &p->k_layout, p->dtype) ||
@@ -4695,6 +4736,7 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
         return fa_i_cuda_error(e, "querying the current device");
     if (device->major < 8)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "compute capability %d.x < 8.0", device->major);
+    *kernels = fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, device);
     need = (*kernels)->fa2_fwd.smem;
     if (pass == FA_PASS_BACKWARD) { /* both modes' kernels, on the tile that fits */
         const fa_i_kernels *k = *kernels;
@@ -4738,13 +4780,13 @@ static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); 
    of one swizzled row (64 16-bit elements, 128-byte swizzle; fp8: min(d, 128)
    bytes, 128- or 64-byte swizzle) by box_rows; 0 if the driver refuses it. */
 static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, const fa_params *p,
-                        fa_dtype dtype, int seqlen, int heads, int box_rows)
+                        fa_dtype dtype, int cols, int seqlen, int heads, int box_rows)
 {
     void *encode = NULL;
     cudaDriverEntryPointQueryResult found;
     const int fp8 = dtype == FA_DTYPE_FP8_E4M3, e = fp8 ? 1 : 2;
-    const int inner = fp8 ? (p->head_dim < 128 ? p->head_dim : 128) : 64;
-    const cuuint64_t dims[4] = {(cuuint64_t)p->head_dim, (cuuint64_t)seqlen, (cuuint64_t)heads,
+    const int inner = fp8 ? (cols < 128 ? cols : 128) : 64;
+    const cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)seqlen, (cuuint64_t)heads,
                                 (cuuint64_t)p->batch};
     const cuuint64_t strides[3] = {(cuuint64_t)(l->seq * e), (cuuint64_t)(l->head * e),
                                    (cuuint64_t)(l->batch * e)}; /* bytes, dims 1..3 */
@@ -4768,8 +4810,8 @@ static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, c
    least 8192 keys; t0 otherwise. */
 static const fa_i_kernel *fa_i_fa3_pick(const fa_params *p, const fa_i_kernels *k)
 {
-    const int alt = p->head_dim == 64    ? p->causal && p->seqlen_q < 4096
-                    : p->head_dim == 128 ? !p->causal && !p->window && p->seqlen_k >= 8192
+    const int alt = k->head_dim == 64    ? p->causal && p->seqlen_q < 4096
+                    : k->head_dim == 128 ? !p->causal && !p->window && p->seqlen_k >= 8192
                                          : 0;
     return k->fa3_fwd[1].fn && alt ? &k->fa3_fwd[1] : &k->fa3_fwd[0];
 }
@@ -4794,14 +4836,15 @@ static int fa_i_fa3_compiled(const void *fn, size_t smem, const fa_i_device *dev
 static int fa_i_fa3_ready(const fa_params *p, const fa_i_kernel *k, const fa_i_device *dev,
                           fa_i_tma_maps *maps, int *ctas)
 {
+    const int d = p->head_dim, dv = p->head_dim_v, hq = p->heads_q, hk = p->heads_kv;
     int64_t pairs;
     if (!fa_i_fa3_compiled(k->fn, k->smem, dev)) return 0;
     pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->rows) * p->heads_q * p->batch + 1) / 2;
     *ctas = pairs < dev->sms ? (int)pairs : dev->sms;
-    return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->dtype, p->seqlen_q, p->heads_q, k->rows) &&
-           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->o_dtype, p->seqlen_q, p->heads_q, 64);
+    return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->dtype, d, p->seqlen_q, hq, k->rows) &&
+           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->dtype, d, p->seqlen_k, hk, k->keys) &&
+           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->dtype, dv, p->seqlen_k, hk, k->keys) &&
+           fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->o_dtype, dv, p->seqlen_q, hq, 64);
 }
 
 /* The same for the Hopper backward (atomic mode) and its tensor maps. */
@@ -4809,10 +4852,14 @@ static int fa_i_fa3_bwd_ready(const fa_params *p, const fa_i_kernel *k,
                               const fa_i_device *dev, fa_i_fa3_bwd_args *args)
 {
     return fa_i_fa3_compiled(k->fn, k->smem, dev) &&
-           fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->dtype, p->seqlen_q, p->heads_q, 64) &&
-           fa_i_tma_map(&args->k, p->k, &p->k_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&args->v, p->v, &p->v_layout, p, p->dtype, p->seqlen_k, p->heads_kv, k->keys) &&
-           fa_i_tma_map(&args->dout, p->dout, &p->dout_layout, p, p->dtype, p->seqlen_q, p->heads_q, 64);
+           fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->dtype, p->head_dim, p->seqlen_q,
+                        p->heads_q, 64) &&
+           fa_i_tma_map(&args->k, p->k, &p->k_layout, p, p->dtype, p->head_dim, p->seqlen_k,
+                        p->heads_kv, k->keys) &&
+           fa_i_tma_map(&args->v, p->v, &p->v_layout, p, p->dtype, p->head_dim_v, p->seqlen_k,
+                        p->heads_kv, k->keys) &&
+           fa_i_tma_map(&args->dout, p->dout, &p->dout_layout, p, p->dtype, p->head_dim_v,
+                        p->seqlen_q, p->heads_q, 64);
 }
 #endif
 
@@ -4893,7 +4940,8 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
     base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
     a->splits = fa_i_decode_splits(p, k, base, dev);
-    a->part_floats = (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim);
+    a->part_floats = /* rows of the kernels' head dim */
+        (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * plan->k->head_dim);
     a->lse_floats = (int64_t)fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q);
     plan->workspace = a->splits > 1 ? sizeof(float) * a->splits * (a->part_floats + a->lse_floats) : 0;
     if (!p->num_splits && plan->workspace > workspace) { /* too little room: one split */
@@ -4987,6 +5035,7 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
     const fa_params *p = &plan->p;
     fa_i_decode_args *a = &plan->decode;
     const fa_i_kernel *k = &plan->k->decode;
+    const int part_d = plan->k->head_dim; /* a part's row: the first head_dim columns count */
     fa_status s;
     if (a->splits > 1) {
         a->o_part = (float *)workspace;
@@ -4999,11 +5048,11 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
         int i;
         memset(&c, 0, sizeof c);
         c.num_parts = a->splits;
-        c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim;
+        c.batch = p->batch, c.heads = p->heads_q, c.seqlen = p->seqlen_q, c.head_dim = p->head_dim_v;
         c.part_dtype = FA_DTYPE_F32;
-        c.part_layout.head = p->head_dim;
-        c.part_layout.seq = (int64_t)p->heads_q * p->head_dim;
-        c.part_layout.batch = (int64_t)p->seqlen_q * p->heads_q * p->head_dim;
+        c.part_layout.head = part_d;
+        c.part_layout.seq = (int64_t)p->heads_q * part_d;
+        c.part_layout.batch = (int64_t)p->seqlen_q * p->heads_q * part_d;
         c.dtype = p->dtype, c.o = p->o, c.o_layout = p->o_layout, c.lse = p->lse;
         for (i = 0; i < a->splits; ++i) {
             parts.o[i] = a->o_part + i * a->part_floats;
@@ -5120,10 +5169,11 @@ FA_API int fa_cuda_forward_algorithm(const fa_params *params)
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.algorithm : 0;
 }
 
-/* Floats of the atomic mode's dQ accumulator (fa_i_dq_blocks per head). */
-static size_t fa_i_dq_acc_floats(const fa_params *p)
+/* Floats of the atomic mode's dQ accumulator (fa_i_dq_blocks per head) for
+   kernels of head dim acc_d. */
+static size_t fa_i_dq_acc_floats(const fa_params *p, int acc_d)
 {
-    return (size_t)p->batch * p->heads_q * fa_i_dq_blocks(p) * 64 * p->head_dim;
+    return (size_t)p->batch * p->heads_q * fa_i_dq_blocks(p) * 64 * acc_d;
 }
 
 /* Staged gradients (accumulate_grads or grads_f32): dQ, dK, dV of the
@@ -5132,16 +5182,19 @@ static size_t fa_i_dq_acc_floats(const fa_params *p)
 static size_t fa_i_grad_stage_bytes(const fa_params *p, size_t *dq_bytes, size_t *dk_bytes)
 {
     const size_t es = fa_dtype_size(p->dtype);
+    const size_t kv_rows = (size_t)p->batch * p->seqlen_k * p->heads_kv;
     *dq_bytes = ((size_t)p->batch * p->seqlen_q * p->heads_q * p->head_dim * es + 15) / 16 * 16;
-    *dk_bytes = ((size_t)p->batch * p->seqlen_k * p->heads_kv * p->head_dim * es + 15) / 16 * 16;
-    return p->accumulate_grads || p->grads_f32 ? *dq_bytes + 2 * *dk_bytes : 0;
+    *dk_bytes = (kv_rows * p->head_dim * es + 15) / 16 * 16;
+    return p->accumulate_grads || p->grads_f32
+               ? *dq_bytes + *dk_bytes + (kv_rows * p->head_dim_v * es + 15) / 16 * 16
+               : 0;
 }
 
 /* The backward's own workspace: D, then (atomic mode) the dQ accumulator. */
-static size_t fa_i_bwd_own_bytes(const fa_params *p, int deterministic)
+static size_t fa_i_bwd_own_bytes(const fa_params *p, int deterministic, int acc_d)
 {
     return sizeof(float) * (fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q) +
-                            (deterministic ? 0 : fa_i_dq_acc_floats(p)));
+                            (deterministic ? 0 : fa_i_dq_acc_floats(p, acc_d)));
 }
 
 FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
@@ -5149,11 +5202,14 @@ FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deter
     fa_params p;
     size_t dq_bytes, dk_bytes;
     fa_i_seq_call call;
+    const fa_i_kernels *k = NULL;
+    fa_i_device dev;
     if (FA_I_BY_SEQUENCE(params))
         return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
                                                                                           : 0;
-    if (fa_params_resolve(params, FA_PASS_BACKWARD, &p) != FA_OK) return 0;
-    return fa_i_bwd_own_bytes(&p, deterministic) + fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
+    if (fa_i_cuda_check(params, FA_PASS_BACKWARD, &p, &k, &dev) != FA_OK) return 0;
+    return fa_i_bwd_own_bytes(&p, deterministic, k->head_dim) +
+           fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
 }
 
 /* A validated backward and the kernels that run it. */
@@ -5209,11 +5265,11 @@ static fa_status fa_i_bwd_stage_out(const fa_params *caller, const fa_params *st
         g[i].batch = caller->batch;
         g[i].seq = i ? caller->seqlen_k : caller->seqlen_q;
         g[i].heads = i ? caller->heads_kv : caller->heads_q;
+        g[i].d = i == 2 ? caller->head_dim_v : caller->head_dim;
     }
     for (i = 0; i < 3 && s == FA_OK; ++i)
         s = fa_i_launch((const void *)fa_i_bwd_grads_out,
-                        dim3(fa_i_blocks((int64_t)g[i].batch * g[i].seq * g[i].heads *
-                                             (caller->head_dim / 8),
+                        dim3(fa_i_blocks((int64_t)g[i].batch * g[i].seq * g[i].heads * (g[i].d / 8),
                                          256)),
                         256, 0, stream, caller, &g[i]);
     return s;
@@ -5224,7 +5280,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
 {
     fa_i_backward_plan plan;
     const fa_params *p = &plan.p;
-    const fa_i_kernels *k;
+    const fa_i_kernels *k = NULL;
     fa_i_bwd_args a;
     fa_params caller, staged;
     fa_i_device dev;
@@ -5241,7 +5297,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     /* accumulate_grads, grads_f32: the kernels write the gradients to the
        workspace in the dtype, then fa_i_bwd_grads_out takes them out */
     if ((s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &caller, &k, &dev)) != FA_OK) return s;
-    own = fa_i_bwd_own_bytes(&caller, deterministic);
+    own = fa_i_bwd_own_bytes(&caller, deterministic, k->head_dim);
     need = own + fa_i_grad_stage_bytes(&caller, &dq_bytes, &dk_bytes);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
         return fa_i_fail(FA_ERR_WORKSPACE, "backward needs %zu bytes, 16-byte aligned", need);
@@ -5260,10 +5316,11 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     rows = (int64_t)p->batch * p->heads_q * p->seqlen_q;
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
-    /* fa_i_pre_lanes(d) threads per (padded) dQ accumulator row */
+    a.acc_d = k->head_dim;
+    /* fa_i_pre_lanes(acc_d) threads per (padded) dQ accumulator row */
     s = fa_i_launch((const void *)fa_i_bwd_preprocess,
-                    dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(p) / p->head_dim) *
-                                         fa_i_pre_lanes(p->head_dim),
+                    dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(p, a.acc_d) / a.acc_d) *
+                                         fa_i_pre_lanes(a.acc_d),
                                      256)),
                     256, 0, stream, p, &a);
 #if FA_I_SM90
@@ -5287,7 +5344,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     }
     if (s == FA_OK && !deterministic) /* 64 rows x d / 16 threads per block */
         s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                        dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p) / 16, 256)), 256, 0, stream,
+                        dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p, a.acc_d) / 16, 256)), 256, 0, stream,
                         p, &a);
     if (s == FA_OK && need > own) s = fa_i_bwd_stage_out(&caller, p, stream);
     return s;

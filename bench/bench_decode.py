@@ -15,7 +15,12 @@ With --paged PAGE_SIZE (default 64) the library also reads the same K/V
 from a paged cache (shuffled pages, fa_params.block_table), timed in the
 same rotation: the paged/dense column.
 
-Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZE] [--out DIR]"""
+--extra NAME=SHIM times another build's dense decode in the same rotation
+(a same-process A/B: the NAME/ours column); --rows "B,NK,NQ,D;..." runs
+those rows alone.
+
+Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZE] [--extra NAME=SHIM]
+           [--rows B,NK,NQ,D;...] [--out DIR]"""
 import argparse
 import ctypes
 import datetime

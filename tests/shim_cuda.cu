@@ -69,21 +69,21 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
     int bad = 0;
     memset(m, 0, sizeof(mirror) * TENSORS);
     *d = *p;
-#define FA_TEST_UP(idx, field, batch, rows, heads, size)                                     \
+#define FA_TEST_UP(idx, field, batch, rows, heads, dim, size)                                \
     bad |= up(&m[idx], (void *)p->field,                                                     \
-              size * span(&p->field##_layout, batch, rows, p->heads, p->head_dim));          \
+              size * span(&p->field##_layout, batch, rows, p->heads, p->dim));               \
     d->field = m[idx].dev;
-    FA_TEST_UP(Q, q, batch, rows_q, heads_q, es)
-    FA_TEST_UP(K, k, batch_kv, rows_kv, heads_kv, es)
-    FA_TEST_UP(V, v, batch_kv, rows_kv, heads_kv, es)
-    FA_TEST_UP(O, o, batch, rows_q, heads_q, o_es)
-    FA_TEST_UP(DOUT, dout, batch, rows_q, heads_q, es)
-    FA_TEST_UP(DQ, dq, batch, rows_q, heads_q, g_es)
-    FA_TEST_UP(DK, dk, batch, rows_k, heads_kv, g_es)
-    FA_TEST_UP(DV, dv, batch, rows_k, heads_kv, g_es)
+    FA_TEST_UP(Q, q, batch, rows_q, heads_q, head_dim, es)
+    FA_TEST_UP(K, k, batch_kv, rows_kv, heads_kv, head_dim, es)
+    FA_TEST_UP(V, v, batch_kv, rows_kv, heads_kv, head_dim_v, es)
+    FA_TEST_UP(O, o, batch, rows_q, heads_q, head_dim_v, o_es)
+    FA_TEST_UP(DOUT, dout, batch, rows_q, heads_q, head_dim_v, es)
+    FA_TEST_UP(DQ, dq, batch, rows_q, heads_q, head_dim, g_es)
+    FA_TEST_UP(DK, dk, batch, rows_k, heads_kv, head_dim, g_es)
+    FA_TEST_UP(DV, dv, batch, rows_k, heads_kv, head_dim_v, g_es)
     if (paged && p->seqlen_new > 0) {
-        FA_TEST_UP(KN, k_new, batch, p->seqlen_new, heads_kv, es)
-        FA_TEST_UP(VN, v_new, batch, p->seqlen_new, heads_kv, es)
+        FA_TEST_UP(KN, k_new, batch, p->seqlen_new, heads_kv, head_dim, es)
+        FA_TEST_UP(VN, v_new, batch, p->seqlen_new, heads_kv, head_dim_v, es)
     }
 #undef FA_TEST_UP
     if (fp8) {

@@ -55,6 +55,30 @@ for d in HEAD_DIMS:
         case(f"gpu_bwd_causal_d{d}_{dtype}", gpu_backward, seqlen_q=130, seqlen_k=257,
              head_dim=d, dtype=dtype, causal=True, heads_q=4, heads_kv=2)
 
+# Head dims between the built ones (FlashAttention's own test list: 40, 80,
+# 224, and more): a multiple of 8 runs on a larger head dim's tiles (FA3's on
+# Hopper, FA2's in the FA2 build; the decode kernel's for few queries), the
+# columns past d zero-filled on load and never stored; 59 or 47 is refused
+# (gpu_head_dim_not_a_multiple_of_8).
+for i, d in enumerate((8, 40, 80, 112, 136, 224, 248)):
+    dtype = ("bf16", "f16")[i % 2]
+    case(f"gpu_fwd_between_d{d}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=333,
+         head_dim=d, dtype=dtype, layout=("bshd", "padded")[i % 2])
+    case(f"gpu_fwd_between_causal_d{d}", gpu_forward, seqlen_q=300, seqlen_k=300, head_dim=d,
+         dtype=dtype, causal=True)
+    case(f"gpu_bwd_between_d{d}", gpu_backward, heads_q=4, heads_kv=2, seqlen_q=150,
+         seqlen_k=190, head_dim=d, dtype=dtype, layout=("padded", "bshd")[i % 2])
+    case(f"gpu_bwd_between_causal_d{d}", gpu_backward, seqlen_q=130, seqlen_k=257, head_dim=d,
+         dtype=dtype, causal=True, window=(60, 0) if i % 3 == 0 else None)
+    case(f"gpu_decode_between_d{d}", gpu_forward, batch=2, heads_q=8, heads_kv=2, seqlen_q=3,
+         seqlen_k=2000, head_dim=d, dtype=dtype, causal=True, num_splits=(0, 3)[i % 2])
+
+# A V head dim of its own (forward): DeepSeek's 192 / 128 and others, on
+# the tiles of the larger (FA3's on Hopper, FA2's, the decode kernel's).
+for d, dv, nq in ((192, 128, 300), (128, 64, 200), (64, 128, 200), (192, 128, 5), (80, 48, 2)):
+    case(f"gpu_fwd_head_dim_v_{d}_{dv}_q{nq}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=nq,
+         seqlen_k=333, head_dim=d, head_dim_v=dv, dtype="bf16", causal=True)
+
 for nq, nk in ((1, 1), (1, 1000), (7, 63), (63, 64), (64, 65), (65, 257), (257, 7),
                (1000, 1000), (1000, 7)):
     for causal in (False, True):
@@ -429,8 +453,10 @@ def _field(**fields):
 
 
 case("gpu_bad_f32_unsupported", _gpu_status, _field(dtype=0), "FA_ERR_UNSUPPORTED")
-case("gpu_bad_head_dim_48", _gpu_status, _field(head_dim=48), "FA_ERR_UNSUPPORTED")
-case("gpu_bad_head_dim_v", _gpu_status, _field(head_dim_v=32), "FA_ERR_UNSUPPORTED")
+case("gpu_head_dim_not_a_multiple_of_8", _gpu_status, _field(head_dim=59), "FA_ERR_UNSUPPORTED")
+case("gpu_head_dim_not_a_multiple_of_8_bwd", _gpu_status, _field(head_dim=47),
+     "FA_ERR_UNSUPPORTED", True)
+case("gpu_bad_head_dim_v_backward", _gpu_status, _field(head_dim_v=32), "FA_ERR_UNSUPPORTED", True)
 case("gpu_bad_misaligned_rows", _gpu_status, _field(q_layout=(20 * 4 * 72, 68, 4 * 72)),
      "FA_ERR_UNSUPPORTED")
 case("gpu_bad_null_k", _gpu_status, _field(k=None), "FA_ERR_NULL_POINTER")

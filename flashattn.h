@@ -34,8 +34,8 @@
      O = NaN, LSE = NaN, as a plain softmax gives; -inf scores get weight 0
      (all -inf: as if every key were masked).
      GQA/MQA: query head h reads key/value head h / (Hq / Hkv).
-     head_dim_v (CPU; GPU forward): V, O, dout and dv rows of another head
-     dim than Q and K (0: the same).
+     head_dim_v: V, O, dout and dv rows of another head dim than Q and K
+     (0: the same; the GPU's limits: flashattn_cuda.cuh).
      num_splits: keys in chunks merged by LSE (0: the library's choice).
      fa_cpu_combine / fa_cuda_combine merge partial results over disjoint
      key ranges by their LSE (fa_combine_params).
@@ -168,7 +168,7 @@ typedef struct fa_params {
     int seqlen_q;
     int seqlen_k;
     int head_dim;         /* of q and k */
-    int head_dim_v;       /* of v, o, dout and dv; 0 = head_dim (another value: CPU, GPU forward) */
+    int head_dim_v;       /* of v, o, dout and dv; 0 = head_dim */
     float scale;          /* 0 = 1/sqrt(head_dim) */
     int causal;           /* nonzero: causal mask, bottom-right aligned */
     int window;           /* nonzero: sliding window of window_left/right keys */

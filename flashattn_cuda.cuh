@@ -33,6 +33,8 @@
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
    other multiples of 8 up to 256 run on a larger head dim's kernels, the
    columns past d zero-filled on load and never stored (fa_i_find_kernels).
+   head_dim_v != head_dim likewise (16-bit, both multiples of 8); its
+   backward on the Hopper kernel only (atomic mode).
    Options: >> options.
 
    CONTENTS  sections in dataflow order; search for ">> name"
@@ -65,8 +67,10 @@
 extern "C" {
 #endif
 
-/* FA_OK when this build and the current device run p; otherwise the status
-   the call would return, with fa_last_error_detail() saying why. */
+/* FA_OK when this build and the current device run p (the backward in its
+   default, atomic mode: fa_cuda_backward_algorithm(p, 1) answers for the
+   deterministic one); otherwise the status the call would return, with
+   fa_last_error_detail() saying why. */
 FA_API fa_status fa_cuda_supported(const fa_params *p, fa_pass pass);
 
 /* The forward algorithm fa_cuda_forward runs for p on the current device:
@@ -3264,11 +3268,13 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
 /* A backward kernel's epilogue: dK (times the softmax scale) and dV of one
    key at columns col, col + 1 into gdk, gdv, unless the key is past the end
    or the columns past the head dim (FA_I_PACK: the kernel's dtype). */
-#define FA_I_STORE_DK_DV(key, col, dk0, dk1, dv0, dv1)                                           \
-    if ((key) < p.seqlen_k && (col) < p.head_dim) {                                               \
-        *(uint32_t *)(gdk + (int64_t)(key) * p.dk_layout.seq + (col)) =                           \
-            FA_I_PACK((dk0) * p.scale, (dk1) * p.scale);                                          \
-        *(uint32_t *)(gdv + (int64_t)(key) * p.dv_layout.seq + (col)) = FA_I_PACK((dv0), (dv1)); \
+#define FA_I_STORE_DK_DV(key, col, dk0, dk1, dv0, dv1)                                             \
+    if ((key) < p.seqlen_k) {                                                                       \
+        if ((col) < p.head_dim)                                                                     \
+            *(uint32_t *)(gdk + (int64_t)(key) * p.dk_layout.seq + (col)) =                         \
+                FA_I_PACK((dk0) * p.scale, (dk1) * p.scale);                                        \
+        if ((col) < p.head_dim_v)                                                                   \
+            *(uint32_t *)(gdv + (int64_t)(key) * p.dv_layout.seq + (col)) = FA_I_PACK((dv0), (dv1)); \
     }
 
 /* Lanes per query row in the preprocess: the power of two that covers d with
@@ -4709,13 +4715,13 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
     if (p->dtype != FA_DTYPE_F16 && p->dtype != FA_DTYPE_BF16 && p->dtype != FA_DTYPE_FP8_E4M3)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "the GPU path takes f16, bf16 or fp8, not dtype %d",
                          (int)p->dtype);
-    /* a V head dim of its own (forward): both on the tiles of the larger */
+    /* a V head dim of its own: both on the tiles of the larger (the
+       backward: FA3's, fa_i_plan_backward) */
     if (p->head_dim_v != p->head_dim &&
-        (pass != FA_PASS_FORWARD || FA_VARIANT != 2 || p->dtype == FA_DTYPE_FP8_E4M3 ||
-         p->head_dim % 8 || p->head_dim_v % 8))
+        (FA_VARIANT != 2 || p->dtype == FA_DTYPE_FP8_E4M3 || p->head_dim % 8 || p->head_dim_v % 8))
         return fa_i_fail(FA_ERR_UNSUPPORTED,
-                         "head_dim_v %d != head_dim %d: the GPU forward only (16-bit, both "
-                         "multiples of 8, FA_VARIANT 2)", p->head_dim_v, p->head_dim);
+                         "head_dim_v %d != head_dim %d: 16-bit, both multiples of 8, FA_VARIANT 2",
+                         p->head_dim_v, p->head_dim);
     if (!fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, NULL))
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "head_dim %d with dtype %d: not in this build, nor (16-bit, a multiple "
@@ -5148,18 +5154,6 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t s
     return fa_i_launch_combine(&c, &parts, stream);
 }
 
-FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
-{
-    fa_params p;
-    const fa_i_kernels *k = NULL;
-    fa_i_device dev;
-    fa_i_forward_plan plan;
-    fa_i_seq_call call;
-    if (FA_I_BY_SEQUENCE(params)) return fa_i_seq_plan(params, pass, 1, &call);
-    if (pass == FA_PASS_FORWARD) return fa_i_plan_forward(params, (size_t)-1, &plan);
-    return fa_i_cuda_check(params, pass, &p, &k, &dev);
-}
-
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)
 {
     fa_i_forward_plan plan;
@@ -5237,6 +5231,12 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
 #else
     (void)deterministic;
 #endif
+    /* The FA2 kernels' dO and V copies take Q's and K's column count: a
+       count of their own spilled the dK/dV kernel (DESIGN.md) */
+    if (plan->algorithm != 3 && plan->p.head_dim_v != plan->p.head_dim)
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "head_dim_v %d != head_dim %d: the backward runs on the Hopper kernel "
+                         "only (atomic mode)", plan->p.head_dim_v, plan->p.head_dim);
     return FA_OK;
 }
 
@@ -5249,6 +5249,16 @@ FA_API int fa_cuda_backward_algorithm(const fa_params *params, int deterministic
                    ? call.algorithm
                    : 0;
     return fa_i_plan_backward(params, deterministic, &plan) == FA_OK ? plan.algorithm : 0;
+}
+
+FA_API fa_status fa_cuda_supported(const fa_params *params, fa_pass pass)
+{
+    fa_i_forward_plan plan;
+    fa_i_backward_plan bwd;
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params)) return fa_i_seq_plan(params, pass, 0, &call);
+    if (pass == FA_PASS_FORWARD) return fa_i_plan_forward(params, (size_t)-1, &plan);
+    return fa_i_plan_backward(params, 0, &bwd);
 }
 
 /* The staged gradients into the caller's dq, dk, dv (fa_i_bwd_grads_out). */

@@ -78,6 +78,10 @@ for i, d in enumerate((8, 40, 80, 112, 136, 224, 248)):
 for d, dv, nq in ((192, 128, 300), (128, 64, 200), (64, 128, 200), (192, 128, 5), (80, 48, 2)):
     case(f"gpu_fwd_head_dim_v_{d}_{dv}_q{nq}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=nq,
          seqlen_k=333, head_dim=d, head_dim_v=dv, dtype="bf16", causal=True)
+for d, dv in ((192, 128), (64, 128), (128, 40)):
+    case(f"gpu_bwd_head_dim_v_{d}_{dv}", lambda d=d, dv=dv: gpu_backward_head_dim_v(
+        heads_q=4, heads_kv=2, seqlen_q=150, seqlen_k=190, head_dim=d, head_dim_v=dv,
+        dtype="f16", causal=True))
 
 for nq, nk in ((1, 1), (1, 1000), (7, 63), (63, 64), (64, 65), (65, 257), (257, 7),
                (1000, 1000), (1000, 7)):
@@ -456,7 +460,39 @@ case("gpu_bad_f32_unsupported", _gpu_status, _field(dtype=0), "FA_ERR_UNSUPPORTE
 case("gpu_head_dim_not_a_multiple_of_8", _gpu_status, _field(head_dim=59), "FA_ERR_UNSUPPORTED")
 case("gpu_head_dim_not_a_multiple_of_8_bwd", _gpu_status, _field(head_dim=47),
      "FA_ERR_UNSUPPORTED", True)
-case("gpu_bad_head_dim_v_backward", _gpu_status, _field(head_dim_v=32), "FA_ERR_UNSUPPORTED", True)
+@test
+def gpu_head_dim_v_backward_deterministic_refused():
+    """head_dim_v != head_dim: the deterministic backward (FA2 kernels) is
+    refused with nothing written; the atomic one runs on Hopper (below)."""
+    need_gpu()
+    prob = fa.Problem(rng_for("gpu_dv_det"), heads_q=4, heads_kv=2, seqlen_q=20, seqlen_k=30,
+                      head_dim=64, head_dim_v=32, dtype="bf16")
+    t = {n: prob.tensor(n, getattr(prob, n)) for n in ("q", "k", "v", "dout")}
+    for n in ("o", "dq", "dk", "dv"):
+        t[n] = prob.tensor(n, np.full(prob._shape(n), 7.0))
+    t["lse"] = np.zeros((1, 4, 20), np.float32)
+    p = prob.params(t)
+    before = {n: t[n].storage.copy() for n in ("o", "dq", "dk", "dv")}
+    status = fa.call_backward("gpu_det", p)
+    assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
+    assert all(np.array_equal(old, t[n].storage) for n, old in before.items()), "wrote an output"
+    return fa.GPU.fa_last_error_detail().decode()
+
+
+def gpu_backward_head_dim_v(**cfg):
+    """The atomic backward with its own V head dim: FA3's kernel on Hopper
+    (elsewhere refused, which is what the test then expects)."""
+    need_gpu()
+    prob = fa.Problem(rng_for("probe"), **cfg)
+    t = {n: prob.tensor(n, getattr(prob, n)) for n in ("q", "k", "v", "dout")}
+    for n in ("o", "dq", "dk", "dv"):
+        t[n] = prob.tensor(n)
+    t["lse"] = np.zeros((1, prob.hq, prob.nq), np.float32)
+    if fa.GPU.fa_cuda_backward_algorithm(ctypes.byref(prob.params(t)), 0) != 3:
+        assert fa.GPU.fa_cuda_supported(ctypes.byref(prob.params(t)), 1) == \
+            fa.STATUS["FA_ERR_UNSUPPORTED"]
+        raise Skip("no Hopper kernel here: refused, as documented")
+    return backward_case(backends=("gpu",), **cfg)
 case("gpu_bad_misaligned_rows", _gpu_status, _field(q_layout=(20 * 4 * 72, 68, 4 * 72)),
      "FA_ERR_UNSUPPORTED")
 case("gpu_bad_null_k", _gpu_status, _field(k=None), "FA_ERR_NULL_POINTER")

@@ -11,15 +11,16 @@ the mask top-left, the library bottom-right); the library's masks are tested
 in the test suite.
 
 Writes results_decode.md and .json (in --out, default bench/).
-With --paged PAGE_SIZE (default 64) the library also reads the same K/V
-from a paged cache (shuffled pages, fa_params.block_table), timed in the
-same rotation: the paged/dense column.
+The library also reads the same K/V from paged caches (--paged, page sizes
+16, 64 and 256 by default: shuffled pages, fa_params.block_table), timed in
+the same rotation: the paged / dense columns. Rows with Nq > 16 (--rows) are
+prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense decode in the same rotation
 (a same-process A/B: the NAME/ours column); --rows "B,NK,NQ,D;..." runs
 those rows alone.
 
-Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZE] [--extra NAME=SHIM]
+Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZES] [--extra NAME=SHIM]
            [--rows B,NK,NQ,D;...] [--out DIR]"""
 import argparse
 import ctypes
@@ -55,7 +56,7 @@ HQ, HKV = 32, 8
 ROTATE_BYTES = 256 << 20
 COPY_BYTES = 2 << 30  # the copy timed beside every row: 2 GiB read, 2 GiB written
 COPY = None
-PAGE_SIZE = 0
+PAGE_SIZES = []  # --paged
 EXTRA = []  # (name, shim) of --extra builds
 
 
@@ -148,14 +149,14 @@ def run_row(b, nk, nq, d, reps):
     row["err_ours"] = err(o)
     assert row["err_ours"] < 1e-2, row
     fns = {"ours": ours}
-    if PAGE_SIZE:
-        paged = [Decode(q_, k_, v_, o_, fa.GPU, PAGE_SIZE) for q_, k_, v_, o_ in inputs]
+    for ps in PAGE_SIZES:
+        paged = [Decode(q_, k_, v_, o_, fa.GPU, ps) for q_, k_, v_, o_ in inputs]
         o.fill_(float("nan"))
         paged[0]()
         torch.cuda.synchronize()
-        row["err_paged"] = err(o)
-        assert row["err_paged"] < 1e-2, row
-        fns["paged"] = paged
+        row[f"err_paged{ps}"] = err(o)
+        assert row[f"err_paged{ps}"] < 1e-2, row
+        fns[f"paged{ps}"] = paged
     for name, lib in EXTRA:  # other builds' dense decode, for same-process A/B
         fns[name] = [Decode(q_, k_, v_, torch.empty_like(o_), lib) for q_, k_, v_, o_ in inputs]
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
@@ -202,11 +203,11 @@ def fmt(row, key, digits=0):
 
 
 def table(rows):
-    paged = any("paged_gbs" in r for r in rows)
     lines = ["| B | Nk | Nq | d | K+V MB | splits | ours GB/s | % of copy | % of 4.8 TB/s | "
              "flash | cuDNN | FA4 | ours/cuDNN | ours/FA4 |"
-             + (f" paged ({PAGE_SIZE}) GB/s | paged/dense |" if paged else ""),
-             "|" + "---|" * (16 if paged else 14)]
+             + "".join(f" paged {ps} / dense |" for ps in PAGE_SIZES)
+             + "".join(f" {name} / ours |" for name, _ in EXTRA),
+             "|" + "---|" * (14 + len(PAGE_SIZES) + len(EXTRA))]
     for r in rows:
         pct = 100 * r["ours_gbs"] / r["copy_gbs"]
         lines.append(
@@ -215,10 +216,8 @@ def table(rows):
             f"{fmt(r, 'cudnn_gbs')} | {fmt(r, 'fa4_gbs')} | "
             + (f"{r['ours_gbs'] / r['cudnn_gbs']:.2f}" if "cudnn_gbs" in r else "-") + " | "
             + (f"{r['ours_gbs'] / r['fa4_gbs']:.2f}" if "fa4_gbs" in r else "-") + " |"
-            + (f" {fmt(r, 'paged_gbs')} | "
-               + (f"{r['paged_gbs'] / r['ours_gbs']:.2f}" if "paged_gbs" in r else "-") + " |"
-               if paged else "")
-            + "".join(f" {name}/ours {r[name + '_gbs'] / r['ours_gbs']:.3f} |" for name, _ in EXTRA))
+            + "".join(f" {r[f'paged{ps}_gbs'] / r['ours_gbs']:.3f} |" for ps in PAGE_SIZES)
+            + "".join(f" {r[name + '_gbs'] / r['ours_gbs']:.3f} |" for name, _ in EXTRA))
     return lines
 
 
@@ -226,14 +225,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=HERE)
-    ap.add_argument("--paged", type=int, default=64, metavar="PAGE_SIZE",
-                    help="also time the same K/V in a paged cache of these pages (0: not)")
+    ap.add_argument("--paged", default="16,64,256", metavar="PAGE_SIZES",
+                    help="also time the same K/V in paged caches of these page sizes ('': not)")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=SHIM",
                     help="also time another build's dense decode (a tests/shim_cuda.cu .so)")
     ap.add_argument("--rows", default="", metavar="B,NK,NQ,D;...", help="only these rows")
     args = ap.parse_args()
-    global PAGE_SIZE
-    PAGE_SIZE = args.paged
+    PAGE_SIZES.extend(int(x) for x in args.paged.split(",") if x)
     EXTRA.extend((e.split("=")[0], fa.load_gpu(os.path.abspath(e.split("=")[1]))) for e in args.extra)
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_decode: needs a GPU, the CUDA shim (make) and PyTorch; skipped")

@@ -701,3 +701,77 @@ def gpu_concurrent_host_threads():
     for w in workers:
         w.join()
     assert not errors, errors[:3]
+
+
+# ---- GPU fuzz -----------------------------------------------------------------
+
+GPU_FUZZ_PROBLEMS = 1000
+GPU_FUZZ_SECONDS = 300  # a bound on the run, not a target: fewer problems fail the test
+
+
+def _gpu_fuzz_config(rng):
+    """A random valid problem: head dims compiled or between (multiples of 8),
+    sometimes a V head dim of its own; small lengths (1 .. 300) so that a
+    thousand run in minutes; every mask, softcap, GQA, layouts, splits."""
+    d = int(rng.choice(HEAD_DIMS)) if rng.random() < 0.6 else 8 * int(rng.integers(1, 33))
+    group = int(rng.choice((1, 2, 4)))
+    cfg = dict(batch=int(rng.integers(1, 3)), heads_kv=int(rng.integers(1, 3)),
+               seqlen_q=int(rng.integers(1, 301)) if rng.random() < 0.8 else int(rng.integers(1, 17)),
+               seqlen_k=int(rng.integers(1, 301)), head_dim=d,
+               dtype=str(rng.choice(("f16", "bf16"))), layout=str(rng.choice(("bshd", "padded", "bhsd"))),
+               causal=bool(rng.random() < 0.35))
+    cfg["heads_q"] = cfg["heads_kv"] * group
+    if rng.random() < 0.2:
+        cfg["window"] = (int(rng.integers(-1, 80)), int(rng.integers(-1, 20)))
+    if rng.random() < 0.15:
+        cfg["softcap"] = float(rng.uniform(2.0, 30.0))
+    if rng.random() < 0.15:
+        cfg["head_dim_v"] = 8 * int(rng.integers(1, 33))
+    if cfg["seqlen_q"] <= 16 and rng.random() < 0.5:
+        cfg["num_splits"] = int(rng.integers(1, 9))
+    return cfg
+
+
+def _gpu_fuzz_supported(lib, cfg, pass_):
+    prob = fa.Problem(rng_for("gpu_fuzz_probe"), **cfg)
+    t = {n: prob.tensor(n) for n in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")}
+    t["lse"] = np.zeros((prob.b, prob.hq, prob.nq), np.float32)
+    return lib.fa_cuda_supported(ctypes.byref(prob.params(t)), pass_) == fa.FA_OK
+
+
+@test
+def gpu_fuzz_random_problems():
+    """GPU_FUZZ_PROBLEMS random valid problems (_gpu_fuzz_config) spread over
+    every GPU build there is (default, FA2-only, FA1, 163 and 99 KB), forward
+    and, for two in five, backward (atomic and deterministic), each against
+    the float64 reference with the suite's bounds. A configuration a build
+    refuses (FA_ERR_UNSUPPORTED: fa_cuda_supported) counts as refused, not
+    run; the refusals themselves are tested elsewhere."""
+    import time
+    need_gpu()
+    builds = [(name, lib) for name, lib in (("gpu", fa.GPU), ("gpu_fa2", fa.GPU_FA2),
+                                            ("gpu_fa1", fa.GPU_FA1), ("gpu163", fa.GPU_SMEM163),
+                                            ("gpu99", fa.GPU_SMEM99)) if lib is not None]
+    rng = rng_for("gpu_fuzz")
+    start, ran, refused, per_build = time.time(), 0, 0, {name: 0 for name, _ in builds}
+    while ran < GPU_FUZZ_PROBLEMS and time.time() - start < GPU_FUZZ_SECONDS:
+        name, lib = builds[int(rng.integers(len(builds)))]
+        cfg = _gpu_fuzz_config(rng)
+        backward = rng.random() < 0.4 and name != "gpu_fa1" and not cfg.get("num_splits")
+        if not _gpu_fuzz_supported(lib, cfg, 1 if backward else 0):
+            refused += 1
+            continue
+        try:
+            if backward:
+                modes = (name,) + ((name + "_det",) if name in ("gpu", "gpu163", "gpu99") and
+                                   "head_dim_v" not in cfg else ())
+                backward_case(backends=modes, **cfg)
+            else:
+                forward_case(backends=(name,), **cfg)
+        except AssertionError as e:
+            raise AssertionError(f"{name} {'backward' if backward else 'forward'} {cfg}: {e}")
+        ran += 1
+        per_build[name] += 1
+    assert ran >= GPU_FUZZ_PROBLEMS, f"{ran} problems in {GPU_FUZZ_SECONDS} s"
+    return (f"{ran} problems ({refused} configurations refused) in {time.time() - start:.0f} s: "
+            + ", ".join(f"{n} {c}" for n, c in per_build.items()))

@@ -569,6 +569,7 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa3_fwd[2]; /* tile variants t0, t1 */
     fa_i_kernel fa3_bwd;
     fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
+    fa_i_kernel decode_paged; /* the same over a paged cache */
     int head_dim;           /* the tiles' (a problem's may be smaller: >> host) */
 } fa_i_kernels;
 
@@ -1225,6 +1226,7 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    page pages[c / page_size], pages page_stride elements apart from g.
    Columns from `cols` (the problem's head dim, a multiple of 8, where it is
    below the tile's d) are zero-filled, read from nowhere. */
+#define FA_I_ROWS_MAX_PASSES 16 /* paged tiles: at most 16 rows per thread */
 static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, const int32_t *pages,
                                                        int page_size, int64_t page_stride,
@@ -1233,7 +1235,7 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
 {
     const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
     const int swizzled = ld % 64 == 0;
-    int r, x0, pass, c, chunk0;
+    int r, x0, pass, c, chunk0, page[FA_I_ROWS_MAX_PASSES];
     const uint16_t *src;
     asm volatile("" : "+r"(tid));
     r = tid / tpr;
@@ -1241,6 +1243,12 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
     x0 = swizzled ? (tid % tpr) ^ (r & 7) : tid % tpr; /* this thread's first chunk in smem */
     smem += r * ld;
     src = g + (int64_t)(row0 + r) * stride + (tid % tpr) * 8;
+    if (pages) /* every pass's page first: each cp.async would wait for its lookup */
+#pragma unroll
+        for (pass = 0; pass < (tile_rows + step - 1) / step && pass < FA_I_ROWS_MAX_PASSES; ++pass)
+            page[pass] = row0 + r + pass * step < rows
+                             ? pages[(unsigned)(row0 + r + pass * step) / page_size]
+                             : 0;
 #pragma unroll
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
@@ -1248,7 +1256,7 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
             const unsigned c_row = (unsigned)(row0 + r);
             const uint16_t *from = !valid ? g /* a row past the end reads nothing */
                                    : !pages ? src
-                                            : g + pages[c_row / page_size] * page_stride +
+                                            : g + page[pass] * page_stride +
                                                   (int64_t)(c_row % page_size) * stride +
                                                   (tid % tpr) * 8;
 #pragma unroll
@@ -2666,8 +2674,12 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
 #define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
-    FA_I_KNAME(fa_i_fwd_decode)(const fa_params params, const fa_i_decode_args a)
+/* The kernel's body; `paged` (a constant of each kernel below) reads the
+   keys of a paged cache, a kernel of its own so that the dense kernel's code
+   stays what it was. */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_params *params,
+                                                                   const fa_i_decode_args a,
+                                                                   const int paged)
 {
     enum {
         D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES), DS = FA_I_DEC(DSPLIT),
@@ -2677,7 +2689,7 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     };
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + MAX_ROWS * LD, *sv = sk + STAGES * BN * LD;
-    fa_params p = params;
+    fa_params p = *params;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int rt_count = a.row_tiles, rows = 16 * rt_count;
     const int ks_count = FA_I_DECODE_WARPS / (rt_count * DS);
@@ -2693,7 +2705,7 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     const int t_first = r0 / group, t_last = (r_end - 1) / group;
     /* a paged cache (fa_i_paged_run: block_table and cache_seqlens are the
        workspace's copies): this sequence's pages, its keys, queries at their end */
-    const int32_t *pages = p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
+    const int32_t *pages = paged ? p.block_table + (int64_t)b * p.max_pages : NULL;
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, pages ? 0 : b, hk, 0);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
@@ -2703,7 +2715,9 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     uint32_t qa[D / 16][4]; /* this warp's row tile of Q as A fragments */
     int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
 
-    if (pages) {
+    static_assert(BN / (NT / ((D / 8) & -(D / 8))) <= FA_I_ROWS_MAX_PASSES,
+                  "flashattn: a decode tile's copy takes at most FA_I_ROWS_MAX_PASSES passes");
+    if (paged) {
         p.seqlen_k = p.cache_seqlens[b] + p.seqlen_new;
         fa_i_bottom_right(&p);
     }
@@ -2895,6 +2909,16 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
             if (write_lse && p.lse) p.lse[lse_at] = lse;
         }
     }
+}
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
+    FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
+{
+    FA_I_KNAME(fa_i_decode_body)(&p, a, 0);
+}
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
+    FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _paged)(const fa_params p, const fa_i_decode_args a)
+{
+    FA_I_KNAME(fa_i_decode_body)(&p, a, 1);
 }
 #undef FA_I_DEC
 #endif /* >> decode */
@@ -4256,7 +4280,8 @@ static __global__ void __launch_bounds__(256, 1)
     {FA_I_NO_KERNEL,                                                                         \
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
-     FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
+     FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL,        \
+     FA_I_NO_KERNEL, 0}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
@@ -4467,8 +4492,8 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_FA3_FWD_ENTRIES(dt) {FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #define FA_I_FA3_BWD_ENTRY(dt) FA_I_NO_KERNEL
 #endif
-#define FA_I_DECODE_ENTRY(dt)                                                                \
-    {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, ), FA_I_DECODE_MAX_ROWS,                           \
+#define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
+    {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
 #if FA_I_FA3_FP8_HAS /* e4m3: the FA3 forward alone */
 #define FA_I_FP8_ENTRY                                                                       \
@@ -4481,7 +4506,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
        128 * (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64 + 1),                           \
        FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1)},                                                \
       FA_I_NO_KERNEL},                                                                       \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
 #endif
@@ -4489,7 +4514,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt),               \
-     FA_I_DECODE_ENTRY(dt), FA_I_D}
+     FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _paged), FA_I_D}
 #if FA_CUDA_SPLIT
 extern
 #else
@@ -5040,7 +5065,7 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
 {
     const fa_params *p = &plan->p;
     fa_i_decode_args *a = &plan->decode;
-    const fa_i_kernel *k = &plan->k->decode;
+    const fa_i_kernel *k = p->block_table ? &plan->k->decode_paged : &plan->k->decode;
     const int part_d = plan->k->head_dim; /* a part's row: the first head_dim columns count */
     fa_status s;
     if (a->splits > 1) {

@@ -513,7 +513,7 @@ def gpu_bad_workspace_too_small():
         assert need > 0
         status = lib.fa_test_gpu_backward_workspace(ctypes.byref(p), need - 4)
         assert status == fa.STATUS["FA_ERR_WORKSPACE"], fa.status_name(status)
-        p.head_dim = 48  # then let the wrapper's own call fail cleanly too
+        p.head_dim = 47  # then let the wrapper's own call fail cleanly too
 
     return _gpu_status(shrink, "FA_ERR_UNSUPPORTED", True)
 
@@ -528,7 +528,7 @@ def gpu_bad_workspace_over_an_output():
         assert status == fa.STATUS["FA_ERR_INVALID_LAYOUT"], fa.status_name(status)
         assert "workspace" in lib.fa_last_error_detail().decode()
         assert np.array_equal(before, t["dq"].storage), "dq was written"
-        p.head_dim = 48  # then let the wrapper's own call fail cleanly too
+        p.head_dim = 47  # then let the wrapper's own call fail cleanly too
 
     return _gpu_status(overlap, "FA_ERR_UNSUPPORTED", True)
 

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.5.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.6.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -2847,6 +2847,10 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.6.0  GPU: paged K/V caches (decode reading the pages in place, longer
+          query chunks gathered), the append, examples/decode_loop.cu; any
+          head dim that is a multiple of 8 up to 256 on a larger compiled
+          one's kernels; head_dim_v in the forward (and the Hopper backward)
    0.5.0  Context parallelism: positions (a chunk pair masks as the whole
           sequence), backward accumulate_grads and grads_f32, the running
           merge (fa_combine_params.accumulate, any 16-bit or fp32 parts);

@@ -569,7 +569,7 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa3_fwd[2]; /* tile variants t0, t1 */
     fa_i_kernel fa3_bwd;
     fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
-    fa_i_kernel decode_paged; /* the same over a paged cache */
+    fa_i_kernel decode_general; /* the same over a paged cache or a smaller head dim */
     int head_dim;           /* the tiles' (a problem's may be smaller: >> host) */
 } fa_i_kernels;
 
@@ -1226,7 +1226,6 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    page pages[c / page_size], pages page_stride elements apart from g.
    Columns from `cols` (the problem's head dim, a multiple of 8, where it is
    below the tile's d) are zero-filled, read from nowhere. */
-#define FA_I_ROWS_MAX_PASSES 16 /* paged tiles: at most 16 rows per thread */
 static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
                                                        int64_t stride, const int32_t *pages,
                                                        int page_size, int64_t page_stride,
@@ -1235,7 +1234,7 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
 {
     const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
     const int swizzled = ld % 64 == 0;
-    int r, x0, pass, c, chunk0, page[FA_I_ROWS_MAX_PASSES];
+    int r, x0, pass, c, chunk0;
     const uint16_t *src;
     asm volatile("" : "+r"(tid));
     r = tid / tpr;
@@ -1243,12 +1242,6 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
     x0 = swizzled ? (tid % tpr) ^ (r & 7) : tid % tpr; /* this thread's first chunk in smem */
     smem += r * ld;
     src = g + (int64_t)(row0 + r) * stride + (tid % tpr) * 8;
-    if (pages) /* every pass's page first: each cp.async would wait for its lookup */
-#pragma unroll
-        for (pass = 0; pass < (tile_rows + step - 1) / step && pass < FA_I_ROWS_MAX_PASSES; ++pass)
-            page[pass] = row0 + r + pass * step < rows
-                             ? pages[(unsigned)(row0 + r + pass * step) / page_size]
-                             : 0;
 #pragma unroll
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
@@ -1256,7 +1249,7 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
             const unsigned c_row = (unsigned)(row0 + r);
             const uint16_t *from = !valid ? g /* a row past the end reads nothing */
                                    : !pages ? src
-                                            : g + page[pass] * page_stride +
+                                            : g + pages[c_row / page_size] * page_stride +
                                                   (int64_t)(c_row % page_size) * stride +
                                                   (tid % tpr) * 8;
 #pragma unroll
@@ -1277,17 +1270,19 @@ static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uin
     fa_i_async_rows(smem, g, stride, NULL, 1, 0, row0, rows, tile_rows, d, cols, ld, tid, nthreads);
 }
 
-/* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv) into the
-   smem tiles sk, sv; `pages`: a sequence's block table row (NULL: dense). */
+/* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv; cols_k,
+   cols_v columns of d) into the smem tiles sk, sv; `pages`: a sequence's
+   block table row (NULL: dense). */
 static __device__ __forceinline__ void fa_i_async_kv(uint16_t *sk, uint16_t *sv, const uint16_t *gk,
                                                      const uint16_t *gv, const fa_params *p,
                                                      const int32_t *pages, int c0, int bn, int d,
-                                                     int ld, int tid, int nthreads)
+                                                     int cols_k, int cols_v, int ld, int tid,
+                                                     int nthreads)
 {
     fa_i_async_rows(sk, gk, p->k_layout.seq, pages, p->page_size, p->k_layout.batch, c0, p->seqlen_k,
-                    bn, d, p->head_dim, ld, tid, nthreads);
+                    bn, d, cols_k, ld, tid, nthreads);
     fa_i_async_rows(sv, gv, p->v_layout.seq, pages, p->page_size, p->v_layout.batch, c0, p->seqlen_k,
-                    bn, d, p->head_dim_v, ld, tid, nthreads);
+                    bn, d, cols_v, ld, tid, nthreads);
 }
 
 /* Base-2 score of a raw logit x = q.k: scale * log2(e) * x, or with softcap
@@ -1550,7 +1545,8 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
     if (n_first < n_end)
         fa_i_async_tile(sq, gq, p.q_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
     if (n_first < n_end && STAGES == 2)
-        fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, LD, tid, NT);
+        fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, p.head_dim, p.head_dim_v, LD,
+                      tid, NT);
     if (n_first < n_end && STAGES == 1)
         fa_i_async_tile(sk, gk, p.k_layout.seq, n_first * BN, p.seqlen_k, BN, D, p.head_dim, LD,
                         tid, NT);
@@ -1570,7 +1566,7 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
         __syncthreads();
         if (STAGES == 2 && n + 1 < n_end)
             fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p, NULL,
-                          c0 + BN, BN, D, LD, tid, NT);
+                          c0 + BN, BN, D, p.head_dim, p.head_dim_v, LD, tid, NT);
         if (STAGES == 1)
             fa_i_async_tile(sv, gv, p.v_layout.seq, c0, p.seqlen_k, BN, D, p.head_dim_v, LD, tid,
                             NT);
@@ -2674,12 +2670,13 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
 #define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
-/* The kernel's body; `paged` (a constant of each kernel below) reads the
-   keys of a paged cache, a kernel of its own so that the dense kernel's code
-   stays what it was. */
+/* The kernel's body. `general` (a constant of each kernel below) takes a
+   paged cache, or head dims below the tile's (columns masked); the kernel
+   for the rest (dense, d = the tile's) carries neither, which cost it 9-14%
+   at seqlen_q = 16 (DESIGN.md). */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_params *params,
                                                                    const fa_i_decode_args a,
-                                                                   const int paged)
+                                                                   const int general)
 {
     enum {
         D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES), DS = FA_I_DEC(DSPLIT),
@@ -2705,7 +2702,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     const int t_first = r0 / group, t_last = (r_end - 1) / group;
     /* a paged cache (fa_i_paged_run: block_table and cache_seqlens are the
        workspace's copies): this sequence's pages, its keys, queries at their end */
-    const int32_t *pages = paged ? p.block_table + (int64_t)b * p.max_pages : NULL;
+    const int32_t *pages = general && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
+    const int cols_k = general ? p.head_dim : D, cols_v = general ? p.head_dim_v : D;
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, pages ? 0 : b, hk, 0);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
@@ -2715,9 +2713,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     uint32_t qa[D / 16][4]; /* this warp's row tile of Q as A fragments */
     int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
 
-    static_assert(BN / (NT / ((D / 8) & -(D / 8))) <= FA_I_ROWS_MAX_PASSES,
-                  "flashattn: a decode tile's copy takes at most FA_I_ROWS_MAX_PASSES passes");
-    if (paged) {
+    if (pages) {
         p.seqlen_k = p.cache_seqlens[b] + p.seqlen_new;
         fa_i_bottom_right(&p);
     }
@@ -2742,7 +2738,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     /* Q: the packed rows, 16-byte chunks (rows past the end as zeros) */
     for (i = tid; i < rows * (D / 8); i += NT) {
         const int r = i / (D / 8), c = 8 * (i % (D / 8)), pr = r0 + r;
-        const int valid = pr < r_end && c < p.head_dim;
+        const int valid = pr < r_end && c < cols_k;
         const uint16_t *src = (const uint16_t *)p.q;
         if (valid)
             src += fa_i_dev_offset(&p.q_layout, b, hk * group + pr % group, pr / group) + c;
@@ -2751,7 +2747,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     for (i = 0; i < STAGES - 1; ++i) { /* the ring's first tiles, a commit group each */
         if (n_begin + i < n_end)
             fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, pages, (n_begin + i) * BN,
-                          BN, D, LD, tid, NT);
+                          BN, D, cols_k, cols_v, LD, tid, NT);
         fa_i_cp_async_commit();
     }
     FA_I_CP_ASYNC_WAIT(STAGES - 2); /* Q has landed (the first commit group) */
@@ -2769,7 +2765,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
             if (next < n_end)
                 fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, pages, next * BN, BN,
-                              D, LD, tid, NT);
+                              D, cols_k, cols_v, LD, tid, NT);
             fa_i_cp_async_commit();
         }
         for (j = ks; j < SLICES; j += ks_count) {
@@ -2903,7 +2899,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, t);
 #pragma unroll
             for (i = 0; i < DW / 8; ++i)
-                if (col0 + 8 * i < p.head_dim_v)
+                if (col0 + 8 * i < cols_v)
                     *(uint32_t *)(go + col0 + 8 * i + 2 * (lane & 3)) =
                         FA_I_PACK(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
             if (write_lse && p.lse) p.lse[lse_at] = lse;
@@ -2916,7 +2912,7 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
     FA_I_KNAME(fa_i_decode_body)(&p, a, 0);
 }
 static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
-    FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _paged)(const fa_params p, const fa_i_decode_args a)
+    FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _general)(const fa_params p, const fa_i_decode_args a)
 {
     FA_I_KNAME(fa_i_decode_body)(&p, a, 1);
 }
@@ -3774,7 +3770,9 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
                     p.q_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
     fa_i_async_tile(sdo, (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, 0),
                     p.dout_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
-    if (n_first < n_end) fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, LD, tid, NT);
+    if (n_first < n_end)
+        fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, p.head_dim, p.head_dim_v, LD,
+                      tid, NT);
     fa_i_cp_async_commit();
     for (n = n_first; n < n_end; ++n) {
         const int stage = (n - n_first) & 1, c0 = n * BN;
@@ -3784,7 +3782,7 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
         __syncthreads();
         if (n + 1 < n_end) {
             fa_i_async_kv(sk + (stage ^ 1) * BN * LD, sv + (stage ^ 1) * BN * LD, gk, gv, &p, NULL,
-                          c0 + BN, BN, D, LD, tid, NT);
+                          c0 + BN, BN, D, p.head_dim, p.head_dim_v, LD, tid, NT);
         }
         fa_i_cp_async_commit();
         /* S = Q K^T, dP = dO V^T */
@@ -4514,7 +4512,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt),               \
-     FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _paged), FA_I_D}
+     FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _general), FA_I_D}
 #if FA_CUDA_SPLIT
 extern
 #else
@@ -5065,7 +5063,10 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
 {
     const fa_params *p = &plan->p;
     fa_i_decode_args *a = &plan->decode;
-    const fa_i_kernel *k = p->block_table ? &plan->k->decode_paged : &plan->k->decode;
+    const int kd = plan->k->head_dim;
+    const fa_i_kernel *k = p->block_table || p->head_dim != kd || p->head_dim_v != kd
+                               ? &plan->k->decode_general
+                               : &plan->k->decode;
     const int part_d = plan->k->head_dim; /* a part's row: the first head_dim columns count */
     fa_status s;
     if (a->splits > 1) {

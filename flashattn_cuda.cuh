@@ -1279,10 +1279,10 @@ static __device__ __forceinline__ void fa_i_async_kv(uint16_t *sk, uint16_t *sv,
                                                      int cols_k, int cols_v, int ld, int tid,
                                                      int nthreads)
 {
-    fa_i_async_rows(sk, gk, p->k_layout.seq, pages, p->page_size, p->k_layout.batch, c0, p->seqlen_k,
-                    bn, d, cols_k, ld, tid, nthreads);
-    fa_i_async_rows(sv, gv, p->v_layout.seq, pages, p->page_size, p->v_layout.batch, c0, p->seqlen_k,
-                    bn, d, cols_v, ld, tid, nthreads);
+    fa_i_async_rows(sk, gk, p->k_layout.seq, pages, p->page_size, p->k_layout.batch, c0,
+                    p->seqlen_k, bn, d, cols_k, ld, tid, nthreads);
+    fa_i_async_rows(sv, gv, p->v_layout.seq, pages, p->page_size, p->v_layout.batch, c0,
+                    p->seqlen_k, bn, d, cols_v, ld, tid, nthreads);
 }
 
 /* Base-2 score of a raw logit x = q.k: scale * log2(e) * x, or with softcap
@@ -2672,8 +2672,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
 /* The kernel's body. `general` (a constant of each kernel below) takes a
    paged cache, or head dims below the tile's (columns masked); the kernel
-   for the rest (dense, d = the tile's) carries neither, which cost it 9-14%
-   at seqlen_q = 16 (DESIGN.md). */
+   for the rest (dense, d = the tile's) carries neither: both paths in one
+   kernel slowed the dense one (DESIGN.md, paged caches). */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_params *params,
                                                                    const fa_i_decode_args a,
                                                                    const int general)
@@ -2702,7 +2702,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     const int t_first = r0 / group, t_last = (r_end - 1) / group;
     /* a paged cache (fa_i_paged_run: block_table and cache_seqlens are the
        workspace's copies): this sequence's pages, its keys, queries at their end */
-    const int32_t *pages = general && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
+    const int32_t *pages =
+        general && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
     const int cols_k = general ? p.head_dim : D, cols_v = general ? p.head_dim_v : D;
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, pages ? 0 : b, hk, 0);
@@ -2764,8 +2765,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         {
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
             if (next < n_end)
-                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, pages, next * BN, BN,
-                              D, cols_k, cols_v, LD, tid, NT);
+                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, pages, next * BN,
+                              BN, D, cols_k, cols_v, LD, tid, NT);
             fa_i_cp_async_commit();
         }
         for (j = ks; j < SLICES; j += ks_count) {
@@ -3056,8 +3057,8 @@ static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
     if (b >= a.batch) return;
     const int row = (a.start ? a.start[b] : 0) + r;
     const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
-    uint4 *in_cache = (uint4 *)(a.cache + fa_i_dev_offset(&a.cache_l, 0, h, row % a.page_size) *
-                                              a.elem_bytes + page * a.cache_l.batch * a.elem_bytes) + c;
+    const int64_t at = fa_i_dev_offset(&a.cache_l, 0, h, row % a.page_size) + page * a.cache_l.batch;
+    uint4 *in_cache = (uint4 *)(a.cache + at * a.elem_bytes) + c;
     uint4 *dense = (uint4 *)(a.dense + fa_i_dev_offset(&a.dense_l, b, h, r) * a.elem_bytes) + c;
     if (a.to_pages)
         *in_cache = *dense;
@@ -3333,8 +3334,7 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 }
 
 /* dQ = scale * accumulator in the params' dtype and layout (its first
-   head_dim columns of acc_d). The accumulator
-   is tiled in the order of the MMA accumulators: each 64-row block is d / 8
+   head_dim columns of acc_d). The accumulator is tiled in the order of the MMA accumulators: each 64-row block is d / 8
    groups of 8 columns, 512 floats each, and in a group, the 4 floats of
    columns c, c + 1 (c even) of rows r and r + 8 (r % 16 < 8, r counted in
    the block) lie at 4 t, t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2: the
@@ -5028,7 +5028,7 @@ static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
 
 /* A ragged batch's plan (call: forward or backward, not run). */
 static fa_status fa_i_seq_plan(const fa_params *params, fa_pass pass, int deterministic,
-                                  fa_i_seq_call *call)
+                               fa_i_seq_call *call)
 {
     memset(call, 0, sizeof *call);
     call->pass = pass, call->deterministic = deterministic;

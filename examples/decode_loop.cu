@@ -211,9 +211,11 @@ int main(int argc, char **argv)
         CHECK_CUDA(cudaMemcpy(dense_v, pv + (int64_t)b * prompt * HKV * D, row * prompts[b],
                               cudaMemcpyDeviceToDevice));
         CHECK_CUDA(cudaMemcpy2D(dense_k + (int64_t)prompts[b] * HKV * D, row,
-                                dk + (int64_t)b * HKV * D, row * B, row, steps, cudaMemcpyDeviceToDevice));
+                                dk + (int64_t)b * HKV * D, row * B, row, steps,
+                                cudaMemcpyDeviceToDevice));
         CHECK_CUDA(cudaMemcpy2D(dense_v + (int64_t)prompts[b] * HKV * D, row,
-                                dv + (int64_t)b * HKV * D, row * B, row, steps, cudaMemcpyDeviceToDevice));
+                                dv + (int64_t)b * HKV * D, row * B, row, steps,
+                                cudaMemcpyDeviceToDevice));
         memset(&d, 0, sizeof d);
         d.dtype = FA_DTYPE_BF16;
         d.batch = 1, d.heads_q = HQ, d.heads_kv = HKV, d.head_dim = D;

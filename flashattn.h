@@ -1,4 +1,4 @@
-/* flashattn.h - v0.6.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.6.1 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -2847,6 +2847,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.6.1  GPU: the forward on Hopper's kernels at every head dim (32, 96,
+          160, 192 on the next FA3 tile); head_dim_v backward at 192 / 128;
+          paged decode looks up a tile's pages a tile ahead
    0.6.0  GPU: paged K/V caches (decode reading the pages in place, longer
           query chunks gathered), the append, examples/decode_loop.cu; any
           head dim that is a multiple of 8 up to 256 on a larger compiled

@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.6.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.6.1 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -1211,6 +1211,32 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
 #define FA_I_SMEM_AT(row, col, ld) \
     ((row) * (ld) + ((ld) % 64 == 0 ? ((((col) >> 3) ^ ((row) & 7)) << 3) | ((col) & 7) : (col)))
 
+/* Where a paged tile's rows are (>> decode; NULL or no table: dense rows). With
+   page_size a multiple of 16 (`sliced`), slice s of the tile (its rows
+   16 s .. 16 s + 15) is rows in_page[s] + 0..15 of page page[s], found a tile
+   ahead (fa_i_tile_pages_at), so the copy issues no table load; otherwise
+   each row's page is looked up in `table` as the row is copied. */
+#define FA_I_TILE_SLICES 8 /* tiles of up to 128 keys */
+typedef struct fa_i_tile_pages {
+    const int32_t *table; /* the sequence's block table row */
+    int sliced;
+    int page[FA_I_TILE_SLICES], in_page[FA_I_TILE_SLICES];
+} fa_i_tile_pages;
+
+/* tp's slices for the tile of tile_rows keys at c0 (a multiple of 16) of a
+   sequence of `keys` (slices past them: page 0, never read). */
+static __device__ __forceinline__ void fa_i_tile_pages_at(fa_i_tile_pages *tp, int page_size,
+                                                          int keys, int c0, int tile_rows)
+{
+    int s;
+#pragma unroll
+    for (s = 0; s < tile_rows / 16; ++s) {
+        const unsigned c = (unsigned)(c0 + 16 * s);
+        tp->page[s] = (int)c < keys ? tp->table[c / page_size] : 0;
+        tp->in_page[s] = (int)(c % page_size);
+    }
+}
+
 /* Copies rows [row0, row0 + tile_rows) of a [rows][d] 16-bit matrix (row
    stride in elements) into a smem tile of pitch ld (FA_I_SMEM_AT); rows at
    or past `rows` are zero-filled. tpr threads share a row: the largest power
@@ -1222,12 +1248,14 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
    pass is the thread's first one XORed with a constant. tid is made opaque
    first: otherwise the compiler hoists the addresses out of the caller's key
    loop and holds them in registers, which spills the 64-key tiles.
-   With `pages` (a paged cache, >> decode), row c is row c % page_size of
-   page pages[c / page_size], pages page_stride elements apart from g.
-   Columns from `cols` (the problem's head dim, a multiple of 8, where it is
-   below the tile's d) are zero-filled, read from nowhere. */
+   With tp (a paged cache, fa_i_tile_pages), row c is row c % page_size of
+   page pages[c / page_size], pages page_stride elements apart from g; a
+   sliced tile needs step <= 32 (a pass's row then lies in slice
+   pass step / 16, or the next one). Columns from `cols` (the problem's head
+   dim, a multiple of 8, where it is below the tile's d) are zero-filled,
+   read from nowhere. */
 static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
-                                                       int64_t stride, const int32_t *pages,
+                                                       int64_t stride, const fa_i_tile_pages *tp,
                                                        int page_size, int64_t page_stride,
                                                        int row0, int rows, int tile_rows, int d,
                                                        int cols, int ld, int tid, int nthreads)
@@ -1246,12 +1274,18 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
             const int valid = row0 + r < rows, x = swizzled ? x0 ^ (pass * step & 7) : x0;
+            const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
             const unsigned c_row = (unsigned)(row0 + r);
-            const uint16_t *from = !valid ? g /* a row past the end reads nothing */
-                                   : !pages ? src
-                                            : g + pages[c_row / page_size] * page_stride +
-                                                  (int64_t)(c_row % page_size) * stride +
-                                                  (tid % tpr) * 8;
+            const uint16_t *from =
+                !valid ? g /* a row past the end reads nothing */
+                : !tp || !tp->table ? src
+                : tp->sliced
+                    ? g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
+                          (int64_t)((next ? tp->in_page[s + 1] : tp->in_page[s]) + (r & 15)) *
+                              stride +
+                          (tid % tpr) * 8
+                    : g + tp->table[c_row / page_size] * page_stride +
+                          (int64_t)(c_row % page_size) * stride + (tid % tpr) * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {
                 const int there = valid && 8 * (chunk0 + c * tpr) < cols;
@@ -1271,17 +1305,17 @@ static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uin
 }
 
 /* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv; cols_k,
-   cols_v columns of d) into the smem tiles sk, sv; `pages`: a sequence's
-   block table row (NULL: dense). */
+   cols_v columns of d) into the smem tiles sk, sv; tp: a paged tile's rows
+   (NULL: dense). */
 static __device__ __forceinline__ void fa_i_async_kv(uint16_t *sk, uint16_t *sv, const uint16_t *gk,
                                                      const uint16_t *gv, const fa_params *p,
-                                                     const int32_t *pages, int c0, int bn, int d,
-                                                     int cols_k, int cols_v, int ld, int tid,
-                                                     int nthreads)
+                                                     const fa_i_tile_pages *tp, int c0, int bn,
+                                                     int d, int cols_k, int cols_v, int ld,
+                                                     int tid, int nthreads)
 {
-    fa_i_async_rows(sk, gk, p->k_layout.seq, pages, p->page_size, p->k_layout.batch, c0,
+    fa_i_async_rows(sk, gk, p->k_layout.seq, tp, p->page_size, p->k_layout.batch, c0,
                     p->seqlen_k, bn, d, cols_k, ld, tid, nthreads);
-    fa_i_async_rows(sv, gv, p->v_layout.seq, pages, p->page_size, p->v_layout.batch, c0,
+    fa_i_async_rows(sv, gv, p->v_layout.seq, tp, p->page_size, p->v_layout.batch, c0,
                     p->seqlen_k, bn, d, cols_v, ld, tid, nthreads);
 }
 
@@ -2704,6 +2738,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
        workspace's copies): this sequence's pages, its keys, queries at their end */
     const int32_t *pages =
         general && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
+    fa_i_tile_pages tp; /* table NULL: dense rows */
     const int cols_k = general ? p.head_dim : D, cols_v = general ? p.head_dim_v : D;
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, pages ? 0 : b, hk, 0);
@@ -2717,7 +2752,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     if (pages) {
         p.seqlen_k = p.cache_seqlens[b] + p.seqlen_new;
         fa_i_bottom_right(&p);
+        tp.sliced = p.page_size % 16 == 0;
     }
+    tp.table = pages;
     fa_i_rows_key_span(&p, t_first, t_last + 1, &first_lo, &last_hi);
     fa_i_rows_common_keys(&p, t_first, t_last + 1, &all_lo, &all_hi);
     { /* this split's share of the key tiles the rows see */
@@ -2745,9 +2782,14 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             src += fa_i_dev_offset(&p.q_layout, b, hk * group + pr % group, pr / group) + c;
         fa_i_cp_async16(sq + FA_I_SMEM_AT(r, c, LD), src, valid ? 16 : 0);
     }
-    for (i = 0; i < STAGES - 1; ++i) { /* the ring's first tiles, a commit group each */
+    /* the ring's first tiles, a commit group each; a sliced paged tile's
+       pages are looked up a tile ahead of its copy (in the key loop, during
+       the previous tile's products) */
+    for (i = 0; i < STAGES; ++i) {
+        if (pages && tp.sliced) fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (n_begin + i) * BN, BN);
+        if (i == STAGES - 1) break;
         if (n_begin + i < n_end)
-            fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, pages, (n_begin + i) * BN,
+            fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, &tp, (n_begin + i) * BN,
                           BN, D, cols_k, cols_v, LD, tid, NT);
         fa_i_cp_async_commit();
     }
@@ -2765,9 +2807,11 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         {
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
             if (next < n_end)
-                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, pages, next * BN,
+                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, &tp, next * BN,
                               BN, D, cols_k, cols_v, LD, tid, NT);
             fa_i_cp_async_commit();
+            if (pages && tp.sliced && next + 1 < n_end)
+                fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (next + 1) * BN, BN);
         }
         for (j = ks; j < SLICES; j += ks_count) {
             const int c0 = c_tile + 16 * j;
@@ -4347,6 +4391,10 @@ static_assert(FA_I_DECODE_WARPS * (16 * FA_I_D / FA_I_COL(DECODE, DSPLIT, FA_I_D
                       FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW),
               "flashattn: the decode warps' merge slots exceed the K/V ring");
 static_assert(FA_I_DECODE_SMEM <= FA_I_SMEM_MAX, "flashattn: decode tile exceeds shared memory");
+static_assert(FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW) <= 16 * FA_I_TILE_SLICES &&
+                  32 * FA_I_DECODE_WARPS / ((FA_I_D / 8) & -(FA_I_D / 8)) <= 32,
+              "flashattn: a paged decode tile's copy needs KEYS <= 16 FA_I_TILE_SLICES and "
+              "at most 32 rows a pass (fa_i_async_rows)");
 
 #if FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256)
 #define FA_I_HAS_FA3 1
@@ -4644,12 +4692,32 @@ typedef struct fa_i_device {
     int sms;          /* multiprocessors */
 } fa_i_device;
 
-/* The kernels for head dim d and dtype, or NULL when this build has none:
-   those of d itself where it is built, else of a larger head dim whose
-   tiles run d with the columns past it zero-filled and never stored (16-bit
-   d a multiple of 8): the smallest with a Hopper kernel where dev runs them
-   (FA3 at the larger tile outruns FA2 at the nearer one), else the smallest. */
-static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype, const fa_i_device *dev)
+/* Whether a Hopper kernel can run here: the build has it (fn) compiled for
+   sm_90a (only that body has static shared memory), and the device (facts
+   from fa_i_cuda_check) is compute capability 9.0 with room for its tiles. */
+static int fa_i_fa3_compiled(const void *fn, size_t smem, const fa_i_device *dev)
+{
+    struct cudaFuncAttributes attr;
+    if (!fn || dev->major != 9 || dev->minor != 0 || (size_t)dev->smem_optin < smem) return 0;
+    if (cudaFuncGetAttributes(&attr, fn) != cudaSuccess) {
+        cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
+        return 0;
+    }
+    return attr.sharedSizeBytes > 0;
+}
+
+/* The kernels for head dim d and dtype, or NULL when this build has none.
+   Tried in turn, among those of d itself and (16-bit d a multiple of 8) of
+   the larger head dims, whose tiles run d with the columns past it
+   zero-filled and never stored, smallest first:
+     fa3 = FA_I_FA3_FIRST   a Hopper kernel for `pass` that runs on dev, then d's, then any
+     fa3 = FA_I_FA3_SECOND  d's, then a Hopper kernel, then any
+     fa3 = FA_I_FA3_NONE    d's, then any (also: dev NULL)
+   FA3 on a wider tile outruns FA2 on d's own in the forward; in the
+   backward, not at d = 160 and 192 (DESIGN.md, head dims). */
+enum { FA_I_FA3_FIRST, FA_I_FA3_SECOND, FA_I_FA3_NONE };
+static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype, fa_pass pass, int fa3,
+                                             const fa_i_device *dev)
 {
 #define FA_I_TABLE_OF(dim) fa_i_kernels_##dim,
 #define FA_I_DIM_OF(dim) dim,
@@ -4657,22 +4725,25 @@ static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype, const fa_i_d
     static const int dims[] = {FA_I_HEAD_DIMS(FA_I_DIM_OF)};
 #undef FA_I_TABLE_OF
 #undef FA_I_DIM_OF
+    enum { HOPPER, OWN, ANY };
+    static const int order[3][3] = {{HOPPER, OWN, ANY}, {OWN, HOPPER, ANY}, {OWN, ANY, ANY}};
     const int set = dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_F16 ? 0 : 2;
-    const int hopper = dev && dev->major == 9 && dev->minor == 0;
-    const fa_i_kernels *smallest = NULL;
-    int pass;
+    int round;
     size_t i;
     if (dtype != FA_DTYPE_F16 && dtype != FA_DTYPE_BF16 && dtype != FA_DTYPE_FP8_E4M3) return NULL;
-    for (pass = 0; pass < 3; ++pass) /* d itself, a Hopper tile, any tile (dims ascend) */
-        for (i = 0; i < sizeof dims / sizeof dims[0]; ++i) {
+    if (!dev) fa3 = FA_I_FA3_NONE;
+    for (round = 0; round < 3; ++round)
+        for (i = 0; i < sizeof dims / sizeof dims[0]; ++i) { /* dims ascend */
             const fa_i_kernels *k = tables[i] + set;
-            if (!k->fa2_fwd.fn && !k->fa3_fwd[0].fn) continue;
-            if (pass == 0 && dims[i] == d) return k;
-            if (pass == 0 || dims[i] < d || set == 2 || d % 8) continue;
-            if (pass == 1 && hopper && k->fa3_fwd[0].fn) return k;
-            if (pass == 2 && !smallest) smallest = k;
+            const fa_i_kernel *hopper = pass == FA_PASS_FORWARD ? &k->fa3_fwd[0] : &k->fa3_bwd;
+            const int fits = dims[i] == d || (dims[i] > d && set != 2 && d % 8 == 0);
+            if (!fits || (!k->fa2_fwd.fn && !k->fa3_fwd[0].fn)) continue;
+            if (order[fa3][round] == ANY ||
+                (order[fa3][round] == OWN && dims[i] == d) ||
+                (order[fa3][round] == HOPPER && fa_i_fa3_compiled(hopper->fn, hopper->smem, dev)))
+                return k;
         }
-    return smallest;
+    return NULL;
 }
 
 static fa_status fa_i_cuda_error(cudaError_t e, const char *what)
@@ -4726,9 +4797,13 @@ static int fa_i_tile_head_dim(const fa_params *p)
 }
 
 /* Validates for the GPU: resolved params, kernels, device and alignment;
-   *device gets the current device's facts. */
-static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_params *p,
-                                 const fa_i_kernels **kernels, fa_i_device *device)
+   *device gets the current device's facts. The kernels: for a forward past
+   the decode path's query counts, on Hopper tiles first; for the backward's
+   atomic mode, its own head dim's first unless the V head dim differs (FA2's
+   backward takes none of its own); the deterministic mode (FA2) and decode,
+   their own (fa_i_find_kernels). */
+static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, int deterministic,
+                                 fa_params *p, const fa_i_kernels **kernels, fa_i_device *device)
 {
     fa_status s = fa_params_resolve(params, pass, p);
     size_t need;
@@ -4745,7 +4820,7 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "head_dim_v %d != head_dim %d: 16-bit, both multiples of 8, FA_VARIANT 2",
                          p->head_dim_v, p->head_dim);
-    if (!fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, NULL))
+    if (!fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, pass, FA_I_FA3_NONE, NULL))
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "head_dim %d with dtype %d: not in this build, nor (16-bit, a multiple "
                          "of 8) below a head dim that is", fa_i_tile_head_dim(p), (int)p->dtype);
@@ -4765,7 +4840,13 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, fa_param
         return fa_i_cuda_error(e, "querying the current device");
     if (device->major < 8)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "compute capability %d.x < 8.0", device->major);
-    *kernels = fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, device);
+    *kernels = fa_i_find_kernels(
+        fa_i_tile_head_dim(p), p->dtype, pass,
+        pass == FA_PASS_FORWARD ? (p->seqlen_q > FA_I_DECODE_MAX_Q ? FA_I_FA3_FIRST : FA_I_FA3_NONE)
+        : deterministic         ? FA_I_FA3_NONE
+        : p->head_dim_v != p->head_dim ? FA_I_FA3_FIRST
+                                       : FA_I_FA3_SECOND,
+        device);
     need = (*kernels)->fa2_fwd.smem;
     if (pass == FA_PASS_BACKWARD) { /* both modes' kernels, on the tile that fits */
         const fa_i_kernels *k = *kernels;
@@ -4843,20 +4924,6 @@ static const fa_i_kernel *fa_i_fa3_pick(const fa_params *p, const fa_i_kernels *
                     : k->head_dim == 128 ? !p->causal && !p->window && p->seqlen_k >= 8192
                                          : 0;
     return k->fa3_fwd[1].fn && alt ? &k->fa3_fwd[1] : &k->fa3_fwd[0];
-}
-
-/* Whether a Hopper kernel can run here: the build has it (fn) compiled for
-   sm_90a (only that body has static shared memory), and the device (facts
-   from fa_i_cuda_check) is compute capability 9.0 with room for its tiles. */
-static int fa_i_fa3_compiled(const void *fn, size_t smem, const fa_i_device *dev)
-{
-    struct cudaFuncAttributes attr;
-    if (!fn || dev->major != 9 || dev->minor != 0 || (size_t)dev->smem_optin < smem) return 0;
-    if (cudaFuncGetAttributes(&attr, fn) != cudaSuccess) {
-        cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
-        return 0;
-    }
-    return attr.sharedSizeBytes > 0;
 }
 
 /* Whether the Hopper forward runs p: its kernel can run here and every
@@ -4992,7 +5059,7 @@ static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
 {
     fa_i_device dev;
     int taken;
-    fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, &plan->p, &plan->k, &dev);
+    fa_status s = fa_i_cuda_check(params, FA_PASS_FORWARD, 0, &plan->p, &plan->k, &dev);
     if (s != FA_OK) return s;
     plan->workspace = 0;
     if (plan->p.dtype == FA_DTYPE_FP8_E4M3) { /* the FA3 kernel or nothing */
@@ -5227,7 +5294,7 @@ FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deter
     if (FA_I_BY_SEQUENCE(params))
         return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
                                                                                           : 0;
-    if (fa_i_cuda_check(params, FA_PASS_BACKWARD, &p, &k, &dev) != FA_OK) return 0;
+    if (fa_i_cuda_check(params, FA_PASS_BACKWARD, deterministic, &p, &k, &dev) != FA_OK) return 0;
     return fa_i_bwd_own_bytes(&p, deterministic, k->head_dim) +
            fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
 }
@@ -5247,7 +5314,8 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
                                     fa_i_backward_plan *plan)
 {
     fa_i_device dev;
-    fa_status s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &plan->p, &plan->k, &dev);
+    fa_status s =
+        fa_i_cuda_check(params, FA_PASS_BACKWARD, deterministic, &plan->p, &plan->k, &dev);
     if (s != FA_OK) return s;
     plan->algorithm = 2;
     plan->kv = fa_i_fa2_bwd_kv_kernel(plan->k, deterministic, &dev); /* found by the check */
@@ -5332,7 +5400,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     }
     /* accumulate_grads, grads_f32: the kernels write the gradients to the
        workspace in the dtype, then fa_i_bwd_grads_out takes them out */
-    if ((s = fa_i_cuda_check(params, FA_PASS_BACKWARD, &caller, &k, &dev)) != FA_OK) return s;
+    if ((s = fa_i_cuda_check(params, FA_PASS_BACKWARD, deterministic, &caller, &k, &dev)) != FA_OK)
+        return s;
     own = fa_i_bwd_own_bytes(&caller, deterministic, k->head_dim);
     need = own + fa_i_grad_stage_bytes(&caller, &dq_bytes, &dk_bytes);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)
@@ -5551,7 +5620,7 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     char *rest;
     int64_t es;
     int taken = 0, b;
-    fa_status s = fa_i_cuda_check(params, call->pass, p, &plan.k, &dev);
+    fa_status s = fa_i_cuda_check(params, call->pass, call->deterministic, p, &plan.k, &dev);
     cudaError_t e;
     if (s != FA_OK) return s;
     es = (int64_t)fa_dtype_size(p->dtype);

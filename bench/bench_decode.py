@@ -16,8 +16,8 @@ The library also reads the same K/V from paged caches (--paged, page sizes
 the same rotation: the paged / dense columns. Rows with Nq > 16 (--rows) are
 prefill chunks against the cache.
 
---extra NAME=SHIM times another build's dense decode in the same rotation
-(a same-process A/B: the NAME/ours column); --rows "B,NK,NQ,D;..." runs
+--extra NAME=SHIM times another build's dense and paged decode in the same
+rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns); --rows "B,NK,NQ,D;..." runs
 those rows alone.
 
 Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZES] [--extra NAME=SHIM]
@@ -157,8 +157,11 @@ def run_row(b, nk, nq, d, reps):
         row[f"err_paged{ps}"] = err(o)
         assert row[f"err_paged{ps}"] < 1e-2, row
         fns[f"paged{ps}"] = paged
-    for name, lib in EXTRA:  # other builds' dense decode, for same-process A/B
+    for name, lib in EXTRA:  # other builds' dense and paged decode, for same-process A/B
         fns[name] = [Decode(q_, k_, v_, torch.empty_like(o_), lib) for q_, k_, v_, o_ in inputs]
+        for ps in PAGE_SIZES:
+            fns[f"{name}_paged{ps}"] = [Decode(q_, k_, v_, torch.empty_like(o_), lib, ps)
+                                        for q_, k_, v_, o_ in inputs]
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         runs = []
@@ -206,8 +209,9 @@ def table(rows):
     lines = ["| B | Nk | Nq | d | K+V MB | splits | ours GB/s | % of copy | % of 4.8 TB/s | "
              "flash | cuDNN | FA4 | ours/cuDNN | ours/FA4 |"
              + "".join(f" paged {ps} / dense |" for ps in PAGE_SIZES)
-             + "".join(f" {name} / ours |" for name, _ in EXTRA),
-             "|" + "---|" * (14 + len(PAGE_SIZES) + len(EXTRA))]
+             + "".join(f" {name} / ours |" + "".join(f" {name} paged {ps} / dense |"
+                                                     for ps in PAGE_SIZES) for name, _ in EXTRA),
+             "|" + "---|" * (14 + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
     for r in rows:
         pct = 100 * r["ours_gbs"] / r["copy_gbs"]
         lines.append(
@@ -217,7 +221,9 @@ def table(rows):
             + (f"{r['ours_gbs'] / r['cudnn_gbs']:.2f}" if "cudnn_gbs" in r else "-") + " | "
             + (f"{r['ours_gbs'] / r['fa4_gbs']:.2f}" if "fa4_gbs" in r else "-") + " |"
             + "".join(f" {r[f'paged{ps}_gbs'] / r['ours_gbs']:.3f} |" for ps in PAGE_SIZES)
-            + "".join(f" {r[name + '_gbs'] / r['ours_gbs']:.3f} |" for name, _ in EXTRA))
+            + "".join(f" {r[name + '_gbs'] / r['ours_gbs']:.3f} |"
+                      + "".join(f" {r[f'{name}_paged{ps}_gbs'] / r['ours_gbs']:.3f} |"
+                                for ps in PAGE_SIZES) for name, _ in EXTRA))
     return lines
 
 

@@ -1110,22 +1110,21 @@ static __m256 fa_i_exp2_v(__m256 x)
 }
 
 #if FA_CPU_AVX512
-/* fa_i_exp2_v on 16 lanes: the same operations, so the same bits. */
+/* fa_i_exp2_v on 16 lanes, the same bits: the same polynomial of the same
+   f, its product with 2^xi by scalef (one rounding, as the multiply), the
+   lanes below -126 zeroed and NaN kept by one mask (not-less-than is true
+   for NaN, whose polynomial is NaN). */
 static __m512 fa_i_exp2_v16(__m512 x)
 {
     const __m512 lowest = _mm512_set1_ps(-126.0f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512 in = x;
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ);
     __m512 xi, f, poly;
-    x = _mm512_max_ps(x, lowest);
+    x = _mm512_max_ps(lowest, x); /* NaN stays: max returns its second operand */
     xi = _mm512_roundscale_ps(_mm512_add_ps(x, _mm512_set1_ps(0.5f)),
                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     f = _mm512_sub_ps(x, xi);
     FA_I_EXP2_POLY(poly, f, _mm512_set1_ps, _mm512_fmadd_ps);
-    poly = _mm512_mul_ps(poly, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                   _mm512_add_epi32(_mm512_cvtps_epi32(xi), _mm512_set1_epi32(127)), 23)));
-    return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, poly), nan, in);
+    return _mm512_maskz_scalef_ps(keep, poly, xi);
 }
 #endif
 
@@ -1501,6 +1500,12 @@ static float fa_i_row_max(const float *row, int n, float init)
     int c = 0;
 #if FA_CPU_SIMD
     __m256 v = _mm256_set1_ps(init);
+#if FA_CPU_AVX512 /* max is exact: any lane order gives the same bits */
+    __m512 v16 = _mm512_set1_ps(init);
+    for (; c + 16 <= n; c += 16) v16 = _mm512_max_ps(v16, _mm512_loadu_ps(row + c));
+    v = _mm256_max_ps(_mm512_castps512_ps256(v16),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v16), 1)));
+#endif
     for (; c + 8 <= n; c += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(row + c));
     m = fa_i_hmax(v);
 #endif
@@ -1514,6 +1519,11 @@ static void fa_i_scale_row(float *row, int n, float x)
     int c = 0;
 #if FA_CPU_SIMD
     const __m256 v = _mm256_set1_ps(x);
+#if FA_CPU_AVX512
+    const __m512 v16 = _mm512_set1_ps(x);
+    for (; c + 16 <= n; c += 16)
+        _mm512_storeu_ps(row + c, _mm512_mul_ps(_mm512_loadu_ps(row + c), v16));
+#endif
     for (; c + 8 <= n; c += 8) _mm256_storeu_ps(row + c, _mm256_mul_ps(_mm256_loadu_ps(row + c), v));
 #endif
     for (; c < n; ++c) row[c] *= x;

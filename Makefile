@@ -46,7 +46,7 @@ $(BUILD)/libflashattn_nothreads_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 	$(CC) -std=c99 $(CFLAGS) -DFA_NO_THREADS -fPIC -shared -o $@ tests/shim.c -lm
 
 $(BUILD)/libflashattn_tiles_test.so: tests/shim.c $(HEADERS) | $(BUILD)
-	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_BLOCK_M=32 -DFA_CPU_BLOCK_N=16 -fPIC -shared -o $@ tests/shim.c -lm -pthread
+	$(CC) -std=c99 $(CFLAGS) -DFA_CPU_BLOCK_M=32 -DFA_CPU_BLOCK_N=16 -DFA_CPU_BWD_BLOCK_N=16 -fPIC -shared -o $@ tests/shim.c -lm -pthread
 
 # The portable C kernels (no SIMD), the oracle the SIMD kernels are tested against.
 $(BUILD)/libflashattn_portable_test.so: tests/shim.c $(HEADERS) | $(BUILD)

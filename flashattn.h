@@ -68,7 +68,8 @@
                               same bits; default 1 where __AVX512F__ and
                               FA_CPU_SIMD)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
-     FA_CPU_BLOCK_N           key rows per CPU tile        (default 64)
+     FA_CPU_BLOCK_N           key rows per forward tile    (default 128)
+     FA_CPU_BWD_BLOCK_N       key rows per backward tile   (default 64)
      FA_CPU_PACK_BYTES        most bytes of K/V (forward) or Q/dO (backward)
                               packed at a time (default 64 MiB; 0: never
                               pack), where fa_cpu_options.pack_bytes is 0
@@ -519,7 +520,10 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #define FA_CPU_BLOCK_M 192
 #endif
 #ifndef FA_CPU_BLOCK_N
-#define FA_CPU_BLOCK_N 64
+#define FA_CPU_BLOCK_N 128
+#endif
+#ifndef FA_CPU_BWD_BLOCK_N
+#define FA_CPU_BWD_BLOCK_N 64
 #endif
 #ifndef FA_CPU_PACK_BYTES
 #define FA_CPU_PACK_BYTES (64 << 20)
@@ -527,8 +531,9 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #if FA_CPU_BLOCK_M < 4 || FA_CPU_BLOCK_M > 512 || FA_CPU_BLOCK_M % 4 != 0
 #error "flashattn: FA_CPU_BLOCK_M must be a multiple of 4 in [4, 512]"
 #endif
-#if FA_CPU_BLOCK_N < 4 || FA_CPU_BLOCK_N > 512 || FA_CPU_BLOCK_N % 4 != 0
-#error "flashattn: FA_CPU_BLOCK_N must be a multiple of 4 in [4, 512]"
+#if FA_CPU_BLOCK_N < 4 || FA_CPU_BLOCK_N > 512 || FA_CPU_BLOCK_N % 4 != 0 || \
+    FA_CPU_BWD_BLOCK_N < 4 || FA_CPU_BWD_BLOCK_N > 512 || FA_CPU_BWD_BLOCK_N % 4 != 0
+#error "flashattn: FA_CPU_BLOCK_N and FA_CPU_BWD_BLOCK_N must be multiples of 4 in [4, 512]"
 #endif
 
 #ifndef FA_NO_THREADS
@@ -561,8 +566,8 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "flashattn: FA_CPU_SIMD 1 needs AVX2 and FMA (-mavx2 -mfma, or -march=native)"
 #endif
-#if FA_CPU_BLOCK_N % 16 != 0
-#error "flashattn: with FA_CPU_SIMD, FA_CPU_BLOCK_N must be a multiple of 16"
+#if FA_CPU_BLOCK_N % 16 != 0 || FA_CPU_BWD_BLOCK_N % 16 != 0
+#error "flashattn: with FA_CPU_SIMD, FA_CPU_BLOCK_N and FA_CPU_BWD_BLOCK_N must be multiples of 16"
 #endif
 #include <immintrin.h>
 #endif
@@ -1737,7 +1742,8 @@ static fa_status fa_i_task_count(int64_t count, int *out)
    streams past; O is divided by l once at the end (deferred normalization). */
 
 #define FA_I_BM FA_CPU_BLOCK_M
-#define FA_I_BN FA_CPU_BLOCK_N
+#define FA_I_BN FA_CPU_BLOCK_N         /* the forward's key tile */
+#define FA_I_BWD_BN FA_CPU_BWD_BLOCK_N /* the backward's */
 /* Query blocks of at most this many rows (decode) take S from dot products:
    transposing a K tile costs as much as one row's products with it. */
 #define FA_I_DOT_ROWS 4
@@ -2021,13 +2027,13 @@ typedef struct fa_i_bwd_scratch {
 static size_t fa_i_bwd_carve(float *w, const fa_params *p, fa_i_bwd_scratch *x)
 {
     const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
-    const size_t bmn = FA_I_BM > FA_I_BN ? FA_I_BM : FA_I_BN;
+    const size_t bmn = FA_I_BM > FA_I_BWD_BN ? FA_I_BM : FA_I_BWD_BN;
     const size_t t_cols = FA_I_BM > dvp ? FA_I_BM : dvp, row = dp > dvp ? dp : dvp;
-    const size_t at_dout = FA_I_BM * dp, at_k = at_dout + FA_I_BM * dvp, at_kt = at_k + FA_I_BN * dp;
-    const size_t at_vt = at_kt + FA_I_BN * dp, at_s = at_vt + FA_I_BN * dvp;
-    const size_t at_dp = at_s + FA_I_BM * FA_I_BN, at_t = at_dp + FA_I_BM * FA_I_BN;
-    const size_t at_acc = at_t + FA_I_BN * t_cols, at_acc2 = at_acc + bmn * dp;
-    const size_t at_lse2 = at_acc2 + FA_I_BN * dvp, at_dsum = at_lse2 + FA_I_BM;
+    const size_t at_dout = FA_I_BM * dp, at_k = at_dout + FA_I_BM * dvp, at_kt = at_k + FA_I_BWD_BN * dp;
+    const size_t at_vt = at_kt + FA_I_BWD_BN * dp, at_s = at_vt + FA_I_BWD_BN * dvp;
+    const size_t at_dp = at_s + FA_I_BM * FA_I_BWD_BN, at_t = at_dp + FA_I_BM * FA_I_BWD_BN;
+    const size_t at_acc = at_t + FA_I_BWD_BN * t_cols, at_acc2 = at_acc + bmn * dp;
+    const size_t at_lse2 = at_acc2 + FA_I_BWD_BN * dvp, at_dsum = at_lse2 + FA_I_BM;
     const size_t at_row = at_dsum + FA_I_BM;
     if (x) {
         x->q = w; x->dout = w + at_dout; x->k = w + at_k; x->kt = w + at_kt; x->vt = w + at_vt;
@@ -2039,13 +2045,13 @@ static size_t fa_i_bwd_carve(float *w, const fa_params *p, fa_i_bwd_scratch *x)
 
 static size_t fa_i_backward_scratch(const fa_params *p) { return fa_i_bwd_carve(NULL, p, NULL); }
 
-/* dst[dp][FA_CPU_BLOCK_N] = src[cols][dp] transposed, key columns past cols zero. */
+/* dst[dp][FA_I_BWD_BN] = src[cols][dp] transposed, key columns past cols zero. */
 static void fa_i_transpose_keys(float *dst, const float *src, int dp, int cols)
 {
     int i, c;
-    fa_i_transpose(dst, FA_I_BN, src, dp, cols, dp);
+    fa_i_transpose(dst, FA_I_BWD_BN, src, dp, cols, dp);
     for (i = 0; i < dp; ++i)
-        for (c = cols; c < FA_I_BN; ++c) dst[(size_t)i * FA_I_BN + c] = 0.0f;
+        for (c = cols; c < FA_I_BWD_BN; ++c) dst[(size_t)i * FA_I_BWD_BN + c] = 0.0f;
 }
 
 /* Packed Q and dO (the backward's counterpart of the forward's packed K/V):
@@ -2114,15 +2120,15 @@ static void fa_i_bwd_tile(const fa_params *p, fa_i_bwd_scratch *x, int r0, int r
     const float qmul = fa_i_q_multiplier(p);
     const float inv_cap = p->softcap > 0.0f ? 1.0f / (p->softcap * FA_I_LOG2E) : 0.0f;
     int r, c;
-    fa_i_gemm(x->s, FA_I_BN, x->q, dp, x->kt, FA_I_BN, rows, FA_I_BN, dp, 0);
-    for (r = 0; r < rows; ++r) fa_i_scale_row(x->s + (size_t)r * FA_I_BN, cols, qmul);
-    fa_i_scores(p, x->s, FA_I_BN, r0, rows, c0, cols, vis);
-    fa_i_gemm(x->dp, FA_I_BN, x->dout, dvp, x->vt, FA_I_BN, rows, FA_I_BN, dvp, 0);
+    fa_i_gemm(x->s, FA_I_BWD_BN, x->q, dp, x->kt, FA_I_BWD_BN, rows, FA_I_BWD_BN, dp, 0);
+    for (r = 0; r < rows; ++r) fa_i_scale_row(x->s + (size_t)r * FA_I_BWD_BN, cols, qmul);
+    fa_i_scores(p, x->s, FA_I_BWD_BN, r0, rows, c0, cols, vis);
+    fa_i_gemm(x->dp, FA_I_BWD_BN, x->dout, dvp, x->vt, FA_I_BWD_BN, rows, FA_I_BWD_BN, dvp, 0);
     /* Plain loops over a row, so that they vectorize; the exps are
        fa_i_exp_row's. */
     for (r = 0; r < rows; ++r) {
-        float *FA_RESTRICT srow = x->s + (size_t)r * FA_I_BN;
-        float *FA_RESTRICT dprow = x->dp + (size_t)r * FA_I_BN;
+        float *FA_RESTRICT srow = x->s + (size_t)r * FA_I_BWD_BN;
+        float *FA_RESTRICT dprow = x->dp + (size_t)r * FA_I_BWD_BN;
         const float dsum = x->dsum[r];
         if (p->softcap > 0.0f) { /* d(c tanh(x/c))/dx = 1 - tanh^2; 0 where masked */
             for (c = 0; c < cols; ++c) {
@@ -2176,13 +2182,13 @@ static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
     fa_i_bwd_load_rows(job, &x, b, h, r0, rows, 1);
     memset(x.acc, 0, sizeof(float) * FA_I_BM * dp);
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
-    for (c0 = lo / FA_I_BN * FA_I_BN; c0 < hi; c0 += FA_I_BN) {
-        const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
+    for (c0 = lo / FA_I_BWD_BN * FA_I_BWD_BN; c0 < hi; c0 += FA_I_BWD_BN) {
+        const int cols = p->seqlen_k - c0 < FA_I_BWD_BN ? p->seqlen_k - c0 : FA_I_BWD_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
         if (!vis) continue;
         fa_i_bwd_load_keys(p, &x, b, hk, c0, cols);
         fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
-        fa_i_gemm(x.acc, dp, x.dp, FA_I_BN, x.k, dp, rows, dp, cols, 1);
+        fa_i_gemm(x.acc, dp, x.dp, FA_I_BWD_BN, x.k, dp, rows, dp, cols, 1);
     }
     for (r = 0; r < rows; ++r)
         fa_i_store_grad(p, p->dq, fa_i_offset(&p->dq_layout, b, h, r0 + r), x.acc + (size_t)r * dp,
@@ -2193,18 +2199,18 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
 {
     const fa_params *p = job->p;
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
-    const int nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BN);
+    const int nkb = fa_i_ceil_div(p->seqlen_k, FA_I_BWD_BN);
     const int b = (task += job->first_task) / (nkb * p->heads_kv), hk = (task / nkb) % p->heads_kv;
     const int group = p->heads_q / p->heads_kv;
-    const int c0 = (task % nkb) * FA_I_BN;
-    const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
+    const int c0 = (task % nkb) * FA_I_BWD_BN;
+    const int cols = p->seqlen_k - c0 < FA_I_BWD_BN ? p->seqlen_k - c0 : FA_I_BWD_BN;
     fa_i_bwd_scratch x;
     int h, r0, r;
 
     fa_i_bwd_carve(scratch, p, &x);
     fa_i_bwd_load_keys(p, &x, b, hk, c0, cols);
-    memset(x.acc, 0, sizeof(float) * FA_I_BN * dp);   /* dK */
-    memset(x.acc2, 0, sizeof(float) * FA_I_BN * dvp); /* dV */
+    memset(x.acc, 0, sizeof(float) * FA_I_BWD_BN * dp);   /* dK */
+    memset(x.acc2, 0, sizeof(float) * FA_I_BWD_BN * dvp); /* dV */
     for (h = hk * group; h < (hk + 1) * group; ++h)
         for (r0 = 0; r0 < p->seqlen_q; r0 += FA_I_BM) {
             const int rows = p->seqlen_q - r0 < FA_I_BM ? p->seqlen_q - r0 : FA_I_BM;
@@ -2212,9 +2218,9 @@ static void fa_i_backward_dkv_task(const fa_i_job *job, int task, float *scratch
             if (!vis) continue;
             fa_i_bwd_load_rows(job, &x, b, h, r0, rows, 0);
             fa_i_bwd_tile(p, &x, r0, rows, c0, cols, vis);
-            fa_i_transpose(x.t, FA_I_BM, x.s, FA_I_BN, rows, cols);
+            fa_i_transpose(x.t, FA_I_BM, x.s, FA_I_BWD_BN, rows, cols);
             fa_i_gemm(x.acc2, dvp, x.t, FA_I_BM, x.dout, dvp, cols, dvp, rows, 1);
-            fa_i_transpose(x.t, FA_I_BM, x.dp, FA_I_BN, rows, cols);
+            fa_i_transpose(x.t, FA_I_BM, x.dp, FA_I_BWD_BN, rows, cols);
             fa_i_gemm(x.acc, dp, x.t, FA_I_BM, x.q, dp, cols, dp, rows, 1);
         }
     for (r = 0; r < cols; ++r) {
@@ -2673,11 +2679,11 @@ FA_API fa_status fa_cpu_backward(const fa_params *params, const fa_cpu_options *
     job.shared = (float *)FA_MALLOC(sizeof(float) * (size_t)bh * p.seqlen_q);
     if (!job.shared) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "D of %lld floats", (long long)bh);
     /* both passes' task counts before either runs: a refusal writes nothing */
-    s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BN),
+    s = fa_i_task_count((int64_t)p.batch * p.heads_kv * fa_i_ceil_div(p.seqlen_k, FA_I_BWD_BN),
                         &dkv_tasks);
     if (s == FA_OK) s = fa_i_task_count(bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM), &dq_tasks);
     if (s == FA_OK) { /* packed Q and dO where key blocks are several: pairs in groups */
-        const int pairs = p.batch * p.heads_kv, nkb = fa_i_ceil_div(p.seqlen_k, FA_I_BN);
+        const int pairs = p.batch * p.heads_kv, nkb = fa_i_ceil_div(p.seqlen_k, FA_I_BWD_BN);
         const uint64_t pair_bytes = (uint64_t)(dq_tasks / pairs) * fa_i_bwd_slot_floats(&p) * 4;
         const int per_group = fa_i_pack_group(&o, nkb > 1, pair_bytes, pairs, &job.packed);
         int pair0;
@@ -2848,6 +2854,7 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 #undef FA_I_BM
 #undef FA_I_BN
+#undef FA_I_BWD_BN
 
 #ifdef __cplusplus
 }

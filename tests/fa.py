@@ -105,7 +105,7 @@ CPU = _load("libflashattn_test.so")
 if CPU is None:
     raise SystemExit("build/libflashattn_test.so is missing: run the tests through `make test`")
 CPU_NO_THREADS = _load("libflashattn_nothreads_test.so")  # built with FA_NO_THREADS
-CPU_SMALL_TILES = _load("libflashattn_tiles_test.so")  # FA_CPU_BLOCK_M=32, FA_CPU_BLOCK_N=16
+CPU_SMALL_TILES = _load("libflashattn_tiles_test.so")  # FA_CPU_BLOCK_M=32, FA_CPU_BLOCK_N=FA_CPU_BWD_BLOCK_N=16
 CPU_PORTABLE = _load("libflashattn_portable_test.so")  # FA_CPU_SIMD=0: the portable C kernels
 CPU_AVX2 = _load("libflashattn_avx2_test.so")  # FA_CPU_AVX512=0: AVX2 microkernels only
 CPU.fa_test_params_size.restype = ctypes.c_size_t

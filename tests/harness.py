@@ -23,9 +23,16 @@ def case(name, fn, *args, **kwargs):
 
 
 def run(pattern=None):
+    """Runs the tests whose names start with pattern, or (pattern @FILE) the
+    ones FILE names, a name a line."""
     passed = failed = skipped = 0
+    names = None
+    if pattern and pattern.startswith("@"):
+        with open(pattern[1:]) as f:
+            names = set(f.read().split())
     for name, fn, args, kwargs in TESTS:
-        if pattern and not name.startswith(pattern):
+        if names is not None and name not in names or \
+                names is None and pattern and not name.startswith(pattern):
             continue
         start = time.time()
         try:
@@ -43,7 +50,8 @@ def run(pattern=None):
         print(f"PASS {name} ({time.time() - start:.2f}s){extra}", flush=True)
     print(f"{passed} passed, {failed} failed, {skipped} skipped", flush=True)
     if passed + failed + skipped == 0:
-        print(f"no test name starts with {pattern!r}", flush=True)
+        print(f"no test name starts with {pattern!r}" if names is None else
+              f"no test is named in {pattern[1:]}", flush=True)
         return False
     return failed == 0
 
@@ -55,7 +63,13 @@ def seed():
 
 
 def main(modules):
-    pattern = sys.argv[1] if len(sys.argv) > 1 else None
+    """Runs the tests whose names start with argv[1] (all without it; @FILE:
+    those FILE names); with --list PREFIX, prints those names instead."""
+    listing = len(sys.argv) > 1 and sys.argv[1] == "--list"
+    pattern = sys.argv[2 if listing else 1] if len(sys.argv) > (2 if listing else 1) else None
     for module in modules:
         __import__(module)
+    if listing:
+        print("\n".join(name for name, *_ in TESTS if not pattern or name.startswith(pattern)))
+        sys.exit(0)
     sys.exit(0 if run(pattern) else 1)

@@ -1,5 +1,7 @@
 """Test driver: `make test` runs this. Optional argument: a prefix of the
-test names to run. Ends with the line `N passed, N failed, N skipped`."""
+test names to run, or @FILE (the names FILE lists, one a line); `--list
+PREFIX` prints the names instead. Ends with the line `N passed, N failed,
+N skipped`."""
 import os
 import sys
 

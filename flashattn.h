@@ -68,6 +68,8 @@
                               same bits; default 1 where __AVX512F__ and
                               FA_CPU_SIMD)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
+     FA_CPU_BLOCK_M_MASKED    the same, forward with a causal mask or window
+                              (default 128)
      FA_CPU_BLOCK_N           key rows per forward tile    (default 128)
      FA_CPU_BWD_BLOCK_N       key rows per backward tile   (default 64)
      FA_CPU_PACK_BYTES        most bytes of K/V (forward) or Q/dO (backward)
@@ -525,11 +527,15 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #ifndef FA_CPU_BWD_BLOCK_N
 #define FA_CPU_BWD_BLOCK_N 64
 #endif
+#ifndef FA_CPU_BLOCK_M_MASKED
+#define FA_CPU_BLOCK_M_MASKED (FA_CPU_BLOCK_M < 128 ? FA_CPU_BLOCK_M : 128)
+#endif
 #ifndef FA_CPU_PACK_BYTES
 #define FA_CPU_PACK_BYTES (64 << 20)
 #endif
-#if FA_CPU_BLOCK_M < 4 || FA_CPU_BLOCK_M > 512 || FA_CPU_BLOCK_M % 4 != 0
-#error "flashattn: FA_CPU_BLOCK_M must be a multiple of 4 in [4, 512]"
+#if FA_CPU_BLOCK_M < 4 || FA_CPU_BLOCK_M > 512 || FA_CPU_BLOCK_M % 4 != 0 || \
+    FA_CPU_BLOCK_M_MASKED < 4 || FA_CPU_BLOCK_M_MASKED > FA_CPU_BLOCK_M || FA_CPU_BLOCK_M_MASKED % 4 != 0
+#error "flashattn: FA_CPU_BLOCK_M must be a multiple of 4 in [4, 512], FA_CPU_BLOCK_M_MASKED one up to it"
 #endif
 #if FA_CPU_BLOCK_N < 4 || FA_CPU_BLOCK_N > 512 || FA_CPU_BLOCK_N % 4 != 0 || \
     FA_CPU_BWD_BLOCK_N < 4 || FA_CPU_BWD_BLOCK_N > 512 || FA_CPU_BWD_BLOCK_N % 4 != 0
@@ -1754,18 +1760,25 @@ typedef struct fa_i_query_block {
     int b, h, hk, r0, rows;
 } fa_i_query_block;
 
-static fa_i_query_block fa_i_query_task(const fa_params *p, int task)
+static fa_i_query_block fa_i_query_task(const fa_params *p, int task, int bm)
 {
     fa_i_query_block x;
-    const int nqb = fa_i_ceil_div(p->seqlen_q, FA_I_BM);
+    const int nqb = fa_i_ceil_div(p->seqlen_q, bm);
     x.b = task / (nqb * p->heads_q);
     x.h = (task / nqb) % p->heads_q;
     x.hk = x.h / (p->heads_q / p->heads_kv);
     /* causal: a head's last blocks see the most keys; they go first, so that
        the threads do not wait on one long task at the end */
-    x.r0 = (p->causal ? nqb - 1 - task % nqb : task % nqb) * FA_I_BM;
-    x.rows = p->seqlen_q - x.r0 < FA_I_BM ? p->seqlen_q - x.r0 : FA_I_BM;
+    x.r0 = (p->causal ? nqb - 1 - task % nqb : task % nqb) * bm;
+    x.rows = p->seqlen_q - x.r0 < bm ? p->seqlen_q - x.r0 : bm;
     return x;
+}
+
+/* The FA2-order forward's query rows per task: fewer where a mask lets
+   tiles be skipped (a smaller block skips more of the keys it cannot see). */
+static int fa_i_fwd_rows(const fa_params *p)
+{
+    return p->causal || p->window ? FA_CPU_BLOCK_M_MASKED : FA_I_BM;
 }
 
 /* The partial results of a split forward in job->shared: O of split i at
@@ -1836,7 +1849,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
     const int split = (task += job->first_task) % job->splits;
-    const fa_i_query_block blk = fa_i_query_task(p, task / job->splits);
+    const fa_i_query_block blk = fa_i_query_task(p, task / job->splits, fa_i_fwd_rows(p));
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
     const int b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     float *q = scratch, *kt = q + FA_I_BM * dp, *v = kt + (size_t)dp * FA_I_BN;
@@ -2163,7 +2176,7 @@ static void fa_i_store_grad(const fa_params *p, void *base, int64_t offset, floa
 static void fa_i_backward_dq_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
-    const fa_i_query_block blk = fa_i_query_task(p, task + job->first_task);
+    const fa_i_query_block blk = fa_i_query_task(p, task + job->first_task, FA_I_BM);
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, b = blk.b, h = blk.h;
     const int hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     const size_t lse_base = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0;
@@ -2645,7 +2658,7 @@ static fa_status fa_i_forward_resolved(const fa_params *params, const fa_cpu_opt
     }
     job.run = fa_i_forward_fa2_task;
     job.scratch_floats = fa_i_forward_fa2_scratch(&p);
-    query_tasks = bh * fa_i_ceil_div(p.seqlen_q, FA_I_BM);
+    query_tasks = bh * fa_i_ceil_div(p.seqlen_q, fa_i_fwd_rows(&p));
     job.splits = fa_i_cpu_splits(&p, query_tasks);
     if ((s = fa_i_task_count(query_tasks * job.splits, &job.num_tasks)) != FA_OK) return s;
     if (job.splits > 1) return fa_i_forward_split(&job, &o);

@@ -2879,7 +2879,10 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 REVISION HISTORY
    0.6.1  GPU: the forward on Hopper's kernels at every head dim (32, 96,
           160, 192 on the next FA3 tile); head_dim_v backward at 192 / 128;
-          paged decode looks up a tile's pages a tile ahead
+          paged decode looks up a tile's pages a tile ahead. CPU: the
+          forward's key tile 128 (FA_CPU_BWD_BLOCK_N keeps the backward's
+          64), 128 query rows for masked forwards (FA_CPU_BLOCK_M_MASKED),
+          the AVX-512 exp by scalef
    0.6.0  GPU: paged K/V caches (decode reading the pages in place, longer
           query chunks gathered), the append, examples/decode_loop.cu; any
           head dim that is a multiple of 8 up to 256 on a larger compiled

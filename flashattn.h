@@ -534,8 +534,9 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #define FA_CPU_PACK_BYTES (64 << 20)
 #endif
 #if FA_CPU_BLOCK_M < 4 || FA_CPU_BLOCK_M > 512 || FA_CPU_BLOCK_M % 4 != 0 || \
-    FA_CPU_BLOCK_M_MASKED < 4 || FA_CPU_BLOCK_M_MASKED > FA_CPU_BLOCK_M || FA_CPU_BLOCK_M_MASKED % 4 != 0
-#error "flashattn: FA_CPU_BLOCK_M must be a multiple of 4 in [4, 512], FA_CPU_BLOCK_M_MASKED one up to it"
+    FA_CPU_BLOCK_M_MASKED < 4 || FA_CPU_BLOCK_M_MASKED > FA_CPU_BLOCK_M ||    \
+    FA_CPU_BLOCK_M_MASKED % 4 != 0
+#error "flashattn: FA_CPU_BLOCK_M a multiple of 4 in [4, 512], FA_CPU_BLOCK_M_MASKED one up to it"
 #endif
 #if FA_CPU_BLOCK_N < 4 || FA_CPU_BLOCK_N > 512 || FA_CPU_BLOCK_N % 4 != 0 || \
     FA_CPU_BWD_BLOCK_N < 4 || FA_CPU_BWD_BLOCK_N > 512 || FA_CPU_BWD_BLOCK_N % 4 != 0
@@ -573,7 +574,7 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #error "flashattn: FA_CPU_SIMD 1 needs AVX2 and FMA (-mavx2 -mfma, or -march=native)"
 #endif
 #if FA_CPU_BLOCK_N % 16 != 0 || FA_CPU_BWD_BLOCK_N % 16 != 0
-#error "flashattn: with FA_CPU_SIMD, FA_CPU_BLOCK_N and FA_CPU_BWD_BLOCK_N must be multiples of 16"
+#error "flashattn: with FA_CPU_SIMD, FA_CPU_BLOCK_N, FA_CPU_BWD_BLOCK_N multiples of 16"
 #endif
 #include <immintrin.h>
 #endif
@@ -2042,7 +2043,8 @@ static size_t fa_i_bwd_carve(float *w, const fa_params *p, fa_i_bwd_scratch *x)
     const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
     const size_t bmn = FA_I_BM > FA_I_BWD_BN ? FA_I_BM : FA_I_BWD_BN;
     const size_t t_cols = FA_I_BM > dvp ? FA_I_BM : dvp, row = dp > dvp ? dp : dvp;
-    const size_t at_dout = FA_I_BM * dp, at_k = at_dout + FA_I_BM * dvp, at_kt = at_k + FA_I_BWD_BN * dp;
+    const size_t at_dout = FA_I_BM * dp, at_k = at_dout + FA_I_BM * dvp;
+    const size_t at_kt = at_k + FA_I_BWD_BN * dp;
     const size_t at_vt = at_kt + FA_I_BWD_BN * dp, at_s = at_vt + FA_I_BWD_BN * dvp;
     const size_t at_dp = at_s + FA_I_BM * FA_I_BWD_BN, at_t = at_dp + FA_I_BM * FA_I_BWD_BN;
     const size_t at_acc = at_t + FA_I_BWD_BN * t_cols, at_acc2 = at_acc + bmn * dp;

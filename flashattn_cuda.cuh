@@ -2786,7 +2786,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
        pages are looked up a tile ahead of its copy (in the key loop, during
        the previous tile's products) */
     for (i = 0; i < STAGES; ++i) {
-        if (pages && tp.sliced) fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (n_begin + i) * BN, BN);
+        if (pages && tp.sliced)
+            fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (n_begin + i) * BN, BN);
         if (i == STAGES - 1) break;
         if (n_begin + i < n_end)
             fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, &tp, (n_begin + i) * BN,
@@ -3101,7 +3102,8 @@ static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
     if (b >= a.batch) return;
     const int row = (a.start ? a.start[b] : 0) + r;
     const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
-    const int64_t at = fa_i_dev_offset(&a.cache_l, 0, h, row % a.page_size) + page * a.cache_l.batch;
+    const int64_t at =
+        fa_i_dev_offset(&a.cache_l, 0, h, row % a.page_size) + page * a.cache_l.batch;
     uint4 *in_cache = (uint4 *)(a.cache + at * a.elem_bytes) + c;
     uint4 *dense = (uint4 *)(a.dense + fa_i_dev_offset(&a.dense_l, b, h, r) * a.elem_bytes) + c;
     if (a.to_pages)
@@ -3378,10 +3380,11 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
 }
 
 /* dQ = scale * accumulator in the params' dtype and layout (its first
-   head_dim columns of acc_d). The accumulator is tiled in the order of the MMA accumulators: each 64-row block is d / 8
-   groups of 8 columns, 512 floats each, and in a group, the 4 floats of
-   columns c, c + 1 (c even) of rows r and r + 8 (r % 16 < 8, r counted in
-   the block) lie at 4 t, t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2: the
+   head_dim columns of acc_d). The accumulator is tiled in the order of the
+   MMA accumulators: each 64-row block is d / 8 groups of 8 columns, 512
+   floats each, and in a group, the 4 floats of columns c, c + 1 (c even)
+   of rows r and r + 8 (r % 16 < 8, r counted in the block) lie at 4 t,
+   t = 32 (r / 16) + 4 (r % 8) + (c % 8) / 2: the
    accumulator of lane t % 32 of an m16n8 tile. So a warp's mma.sync tile
    (FA2) or a warpgroup's wgmma registers (FA3) leave in 16-byte pieces
    without shuffles, and the FA3 kernel's shared-memory writes are
@@ -5130,11 +5133,10 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
 {
     const fa_params *p = &plan->p;
     fa_i_decode_args *a = &plan->decode;
-    const int kd = plan->k->head_dim;
-    const fa_i_kernel *k = p->block_table || p->head_dim != kd || p->head_dim_v != kd
+    const int part_d = plan->k->head_dim; /* a part's row: the first head_dim columns count */
+    const fa_i_kernel *k = p->block_table || p->head_dim != part_d || p->head_dim_v != part_d
                                ? &plan->k->decode_general
                                : &plan->k->decode;
-    const int part_d = plan->k->head_dim; /* a part's row: the first head_dim columns count */
     fa_status s;
     if (a->splits > 1) {
         a->o_part = (float *)workspace;

@@ -1069,7 +1069,7 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
    so every N a product takes is padded (zeros in the padding) and the
    exps, row maxima and 16-bit loads are vectorized; without it the
    portable C kernels run (and are the tests' oracle for the SIMD ones). */
-#define FA_I_PREFETCH_ROWS 4
+#define FA_I_PREFETCH_ROWS 16
 #if FA_CPU_SIMD
 #define FA_I_PAD(n) (((n) + 15) / 16 * 16)
 #else
@@ -1125,13 +1125,13 @@ static __m256 fa_i_exp2_v(__m256 x)
 /* fa_i_exp2_v on 16 lanes, the same bits: the same polynomial of the same
    f, its product with 2^xi by scalef (one rounding, as the multiply), the
    lanes below -126 zeroed and NaN kept by one mask (not-less-than is true
-   for NaN, whose polynomial is NaN). */
+   for NaN, whose polynomial is NaN). Those lanes need no clamp, as the
+   8-lane form's integer 2^xi does: whatever their polynomial, the mask
+   decides them. */
 static __m512 fa_i_exp2_v16(__m512 x)
 {
-    const __m512 lowest = _mm512_set1_ps(-126.0f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
     __m512 xi, f, poly;
-    x = _mm512_max_ps(lowest, x); /* NaN stays: max returns its second operand */
     xi = _mm512_roundscale_ps(_mm512_add_ps(x, _mm512_set1_ps(0.5f)),
                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     f = _mm512_sub_ps(x, xi);
@@ -1329,13 +1329,59 @@ static void fa_i_gemm(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a,
 #endif
 }
 
-/* dst[c][r] = src[r][c] for an R x C tile. */
+#if FA_CPU_SIMD
+/* An 8 x 8 block of dst[c][r] = src[r][c] in eight ymm registers: pairs of
+   rows interleaved, then quadruples, then the 128-bit halves exchanged. */
+static void fa_i_transpose_8x8(float *FA_RESTRICT dst, int ldd, const float *FA_RESTRICT src,
+                               int lds)
+{
+    __m256 r[8], t[8];
+    int i;
+    for (i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (size_t)i * lds);
+    for (i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);     /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+    }
+    for (i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0)); /* column 0 | 4 */
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2)); /* 1 | 5 */
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0)); /* 2 | 6 */
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2)); /* 3 | 7 */
+    }
+    for (i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + (size_t)i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
+
+/* dst[c][r] = src[r][c] for an R x C tile (SIMD: 8 x 8 blocks, then the edges). */
 static void fa_i_transpose(float *FA_RESTRICT dst, int ldd, const float *FA_RESTRICT src, int lds,
                            int R, int C)
 {
-    int r, c;
-    for (r = 0; r < R; ++r)
+    int r = 0, c;
+#if FA_CPU_SIMD
+    for (; r + 8 <= R; r += 8) {
+        for (c = 0; c + 8 <= C; c += 8)
+            fa_i_transpose_8x8(dst + (size_t)c * ldd + r, ldd, src + (size_t)r * lds + c, lds);
+        for (; c < C; ++c) {
+            int i;
+            for (i = r; i < r + 8; ++i) dst[(size_t)c * ldd + i] = src[(size_t)i * lds + c];
+        }
+    }
+#endif
+    for (; r < R; ++r)
         for (c = 0; c < C; ++c) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+}
+
+/* dst[dp][ldd] = src[cols][dp] transposed, the key columns past cols zero. */
+static void fa_i_transpose_keys(float *FA_RESTRICT dst, int ldd, const float *FA_RESTRICT src,
+                                int dp, int cols)
+{
+    int i, c;
+    fa_i_transpose(dst, ldd, src, dp, cols, dp);
+    for (i = 0; i < dp; ++i)
+        for (c = cols; c < ldd; ++c) dst[(size_t)i * ldd + c] = 0.0f;
 }
 
 /* The FP8 descales of one head's rows: row r's is at[r / FA_FP8_BLOCK] with
@@ -1414,20 +1460,16 @@ static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout
 }
 
 /* Loads key rows [c0, c0 + cols) transposed into kt[ld rows][FA_CPU_BLOCK_N]
-   (head-dim rows past d and key columns past cols as zeros). row: d floats. */
-static void fa_i_load_kt(float *kt, int ld, float *row, const fa_params *p, int b, int hk, int c0,
-                         int cols)
+   (head-dim rows past d and key columns past cols as zeros): the rows load
+   whole into stage[FA_CPU_BLOCK_N][ld] (contiguous reads, prefetched), then
+   one blocked transpose, where a row at a time would scatter each value. */
+static void fa_i_load_kt(float *kt, int ld, float *stage, const fa_params *p, int b, int hk,
+                         int c0, int cols)
 {
-    const int d = p->head_dim;
-    const fa_i_descale ds = fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k);
-    int c, i;
-    for (c = 0; c < cols; ++c) {
-        fa_i_load_row(row, p->k, fa_i_row_at(&p->k_layout, fa_i_pages_of(p), b, hk, c0 + c), d, p->dtype,
-                      ds.at ? ds.at[ds.per_block ? (c0 + c) / FA_FP8_BLOCK : 0] : 1.0f);
-        for (i = 0; i < d; ++i) kt[(size_t)i * FA_CPU_BLOCK_N + c] = row[i];
-    }
-    for (i = 0; i < ld; ++i)
-        for (c = i < d ? cols : 0; c < FA_CPU_BLOCK_N; ++c) kt[(size_t)i * FA_CPU_BLOCK_N + c] = 0.0f;
+    fa_i_load_tile(stage, ld, p->k, &p->k_layout, b, hk, c0, cols, p->head_dim, p->dtype, 1.0f,
+                   fa_i_descale_of(p, p->k_descale, b, hk, p->heads_kv, p->seqlen_k),
+                   fa_i_pages_of(p));
+    fa_i_transpose_keys(kt, FA_CPU_BLOCK_N, stage, ld, cols);
 }
 
 /* Turns raw logits of a tile (already scaled) into base-2 scores: softcap,
@@ -1464,29 +1506,60 @@ static float fa_i_exp_row(float *row, int n, float max)
     float sum = 0.0f;
     int c = 0;
 #if FA_CPU_SIMD
-    __m256 acc = _mm256_setzero_ps();
+    /* two sums, of the first and the second 8 columns of every 16: one
+       16-lane accumulator with AVX-512, the same bits as two 8-lane ones */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     const __m256 m = _mm256_set1_ps(max);
 #if FA_CPU_AVX512
     const __m512 m16 = _mm512_set1_ps(max);
-    for (; c + 16 <= n; c += 16) { /* the halves summed in the 8-lane order */
+    __m512 acc16 = _mm512_setzero_ps();
+    for (; c + 16 <= n; c += 16) {
         const __m512 e = fa_i_exp2_v16(_mm512_sub_ps(_mm512_loadu_ps(row + c), m16));
         _mm512_storeu_ps(row + c, e);
-        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
-        acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+        acc16 = _mm512_add_ps(acc16, e);
     }
+    acc0 = _mm512_castps512_ps256(acc16);
+    acc1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc16), 1));
 #endif
+    for (; c + 16 <= n; c += 16) {
+        const __m256 e0 = fa_i_exp2_v(_mm256_sub_ps(_mm256_loadu_ps(row + c), m));
+        const __m256 e1 = fa_i_exp2_v(_mm256_sub_ps(_mm256_loadu_ps(row + c + 8), m));
+        _mm256_storeu_ps(row + c, e0);
+        _mm256_storeu_ps(row + c + 8, e1);
+        acc0 = _mm256_add_ps(acc0, e0);
+        acc1 = _mm256_add_ps(acc1, e1);
+    }
     for (; c + 8 <= n; c += 8) {
         const __m256 e = fa_i_exp2_v(_mm256_sub_ps(_mm256_loadu_ps(row + c), m));
         _mm256_storeu_ps(row + c, e);
-        acc = _mm256_add_ps(acc, e);
+        acc0 = _mm256_add_ps(acc0, e);
     }
-    sum = fa_i_hsum(acc);
+    sum = fa_i_hsum(_mm256_add_ps(acc0, acc1));
 #endif
     for (; c < n; ++c) {
         row[c] = fa_i_exp2(row[c] - max);
         sum += row[c];
     }
     return sum;
+}
+
+/* out[i] = 2^(a[i] - b[i]) for i < n (n a multiple of 16 with SIMD): the
+   rescale factors of a tile's rows, vector exps where one a row would sit
+   on the critical path of its row's update. */
+static void fa_i_exp2_diff(float *out, const float *a, const float *b, int n)
+{
+    int i = 0;
+#if FA_CPU_SIMD
+#if FA_CPU_AVX512
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, fa_i_exp2_v16(_mm512_sub_ps(_mm512_loadu_ps(a + i),
+                                                              _mm512_loadu_ps(b + i))));
+#endif
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, fa_i_exp2_v(_mm256_sub_ps(_mm256_loadu_ps(a + i),
+                                                            _mm256_loadu_ps(b + i))));
+#endif
+    for (; i < n; ++i) out[i] = fa_i_exp2(a[i] - b[i]);
 }
 
 /* The dot product of two rows of n floats (n a multiple of 16 with SIMD). */
@@ -1560,6 +1633,8 @@ typedef struct fa_i_job {
                                pairs from pair0, or NULL */
     int pair0;
     int next_task;
+    float *scratch; /* one slot of scratch_floats (rounded up) per thread */
+    int next_slot;
     fa_status status;
 #ifndef FA_NO_THREADS
     pthread_mutex_t lock;
@@ -1579,28 +1654,33 @@ static int fa_i_take_task(fa_i_job *job)
     return t;
 }
 
+#ifndef FA_NO_THREADS
 static void fa_i_set_status(fa_i_job *job, fa_status s)
 {
-#ifndef FA_NO_THREADS
     pthread_mutex_lock(&job->lock);
-#endif
     if (job->status == FA_OK) job->status = s;
-#ifndef FA_NO_THREADS
     pthread_mutex_unlock(&job->lock);
-#endif
 }
+#endif
+
+/* A thread's scratch: its slot, whole cache lines, of one allocation made
+   before any thread starts (so that a failed one is reported before any
+   task runs). */
+static size_t fa_i_slot_floats(const fa_i_job *job) { return (job->scratch_floats + 15) / 16 * 16; }
 
 static void *fa_i_worker(void *arg)
 {
     fa_i_job *job = (fa_i_job *)arg;
-    float *scratch = (float *)FA_MALLOC(job->scratch_floats * sizeof(float));
+    float *scratch;
     int t;
-    if (!scratch) {
-        fa_i_set_status(job, FA_ERR_OUT_OF_MEMORY);
-        return NULL;
-    }
+#ifndef FA_NO_THREADS
+    pthread_mutex_lock(&job->lock);
+#endif
+    scratch = job->scratch + (size_t)job->next_slot++ * fa_i_slot_floats(job);
+#ifndef FA_NO_THREADS
+    pthread_mutex_unlock(&job->lock);
+#endif
     while ((t = fa_i_take_task(job)) >= 0) job->run(job, t, scratch);
-    FA_FREE(scratch);
     return NULL;
 }
 
@@ -1689,11 +1769,27 @@ FA_API void fa_cpu_pool_destroy(fa_cpu_pool *pool)
    started for it (the caller's included). */
 static fa_status fa_i_run_job(fa_i_job *job, const fa_cpu_options *o)
 {
+    int threads_used = 1;
 #ifndef FA_NO_THREADS
     pthread_t threads[FA_MAX_THREADS];
-    int i, started = 0, num_threads = o->num_threads;
-    if (pthread_mutex_init(&job->lock, NULL) != 0)
+    int i, started = 0;
+    threads_used = o->pool ? o->pool->workers + 1 : o->num_threads;
+    if (threads_used > FA_MAX_THREADS) threads_used = FA_MAX_THREADS;
+    if (!o->pool && threads_used > job->num_tasks) threads_used = job->num_tasks;
+    if (threads_used < 1) threads_used = 1;
+#else
+    (void)o;
+#endif
+    job->scratch = (float *)FA_MALLOC((size_t)threads_used * fa_i_slot_floats(job) * sizeof(float));
+    if (!job->scratch)
+        return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "CPU scratch of %d x %zu floats", threads_used,
+                         job->scratch_floats);
+    job->next_slot = 0;
+#ifndef FA_NO_THREADS
+    if (pthread_mutex_init(&job->lock, NULL) != 0) {
+        FA_FREE(job->scratch);
         return fa_i_fail(FA_ERR_THREAD, "pthread_mutex_init failed");
+    }
     if (o->pool) {
         fa_cpu_pool *pool = o->pool;
         pthread_mutex_lock(&pool->call);
@@ -1709,9 +1805,7 @@ static fa_status fa_i_run_job(fa_i_job *job, const fa_cpu_options *o)
         pthread_mutex_unlock(&pool->lock);
         pthread_mutex_unlock(&pool->call);
     } else {
-        if (num_threads > FA_MAX_THREADS) num_threads = FA_MAX_THREADS;
-        if (num_threads > job->num_tasks) num_threads = job->num_tasks;
-        for (i = 1; i < num_threads; ++i) {
+        for (i = 1; i < threads_used; ++i) {
             if (pthread_create(&threads[started], NULL, fa_i_worker, job) != 0) {
                 fa_i_set_status(job, FA_ERR_THREAD);
                 break;
@@ -1723,11 +1817,9 @@ static fa_status fa_i_run_job(fa_i_job *job, const fa_cpu_options *o)
     }
     pthread_mutex_destroy(&job->lock);
 #else
-    (void)o;
     fa_i_worker(job);
 #endif
-    if (job->status == FA_ERR_OUT_OF_MEMORY)
-        return fa_i_fail(job->status, "CPU scratch of %zu floats", job->scratch_floats);
+    FA_FREE(job->scratch);
     if (job->status != FA_OK) return fa_i_fail(job->status, "pthread_create failed");
     return FA_OK;
 }
@@ -1855,13 +1947,14 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     const int b = blk.b, h = blk.h, hk = blk.hk, r0 = blk.r0, rows = blk.rows;
     float *q = scratch, *kt = q + FA_I_BM * dp, *v = kt + (size_t)dp * FA_I_BN;
     float *s = v + (size_t)FA_I_BN * dvp, *o = s + FA_I_BM * FA_I_BN, *m = o + FA_I_BM * dvp;
-    float *l = m + FA_I_BM, *krow = l + FA_I_BM;
+    float *l = m + FA_I_PAD(FA_I_BM), *m_new = l + FA_I_PAD(FA_I_BM);
+    float *alpha = m_new + FA_I_PAD(FA_I_BM), *kstage = alpha + FA_I_PAD(FA_I_BM);
     int lo, hi, c0, c_end, r, c;
 
     fa_i_load_tile(q, dp, p->q, &p->q_layout, b, h, r0, rows, d, p->dtype, fa_i_q_multiplier(p),
                    fa_i_descale_of(p, p->q_descale, b, h, p->heads_q, p->seqlen_q), fa_i_dense);
     memset(o, 0, sizeof(float) * rows * dvp);
-    for (r = 0; r < rows; ++r) { m[r] = -INFINITY; l[r] = 0.0f; }
+    for (r = 0; r < FA_I_PAD(FA_I_BM); ++r) m[r] = m_new[r] = -INFINITY, l[r] = 0.0f;
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
     { /* this split's share of the key blocks the rows see */
         const int first = lo / FA_I_BN, blocks = hi > lo ? fa_i_ceil_div(hi, FA_I_BN) - first : 0;
@@ -1887,7 +1980,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
                 for (c = 0; c < cols; ++c)
                     s[(size_t)r * FA_I_BN + c] = fa_i_dot(q + (size_t)r * dp, kt + (size_t)c * dp, dp);
         } else { /* S = Q K^T as a plain product */
-            fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
+            fa_i_load_kt(kt, dp, kstage, p, b, hk, c0, cols);
             fa_i_gemm(s, FA_I_BN, q, dp, kt, FA_I_BN, rows, FA_I_BN, dp, 0);
         }
         if (!job->packed)
@@ -1895,19 +1988,18 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
                            fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
                            fa_i_pages_of(p));
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
+        for (r = 0; r < rows; ++r) m_new[r] = fa_i_row_max(s + (size_t)r * FA_I_BN, cols, m[r]);
+        fa_i_exp2_diff(alpha, m, m_new, FA_I_PAD(rows));
         for (r = 0; r < rows; ++r) {
             float *srow = s + (size_t)r * FA_I_BN;
-            const float m_new = fa_i_row_max(srow, cols, m[r]);
-            float alpha;
-            if (m_new == -INFINITY) { /* nothing visible yet in this row */
+            if (m_new[r] == -INFINITY) { /* nothing visible yet in this row */
                 if (fa_i_row_has_nan(srow, cols)) l[r] = NAN; /* -inf scores are weight 0 */
                 memset(srow, 0, sizeof(float) * cols);
                 continue;
             }
-            alpha = fa_i_exp2(m[r] - m_new);
-            l[r] = l[r] * alpha + fa_i_exp_row(srow, cols, m_new);
-            m[r] = m_new;
-            if (alpha != 1.0f) fa_i_scale_row(o + (size_t)r * dvp, dv, alpha);
+            l[r] = l[r] * alpha[r] + fa_i_exp_row(srow, cols, m_new[r]);
+            m[r] = m_new[r];
+            if (alpha[r] != 1.0f) fa_i_scale_row(o + (size_t)r * dvp, dv, alpha[r]);
         }
         fa_i_gemm(o, dvp, s, FA_I_BN, v, dvp, rows, dvp, cols, 1);
     }
@@ -1933,7 +2025,8 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 static size_t fa_i_forward_fa2_scratch(const fa_params *p)
 {
     const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
-    return FA_I_BM * (dp + dvp) + (dp + dvp) * FA_I_BN + FA_I_BM * FA_I_BN + 2 * FA_I_BM + dp;
+    return FA_I_BM * (dp + dvp) + (dp + dvp) * FA_I_BN + FA_I_BM * FA_I_BN +
+           4 * FA_I_PAD(FA_I_BM) + FA_I_BN * dp;
 }
 
 /* ---- forward, FA1 order ---------------------------------------------------
@@ -1952,14 +2045,14 @@ static void fa_i_forward_fa1_task(const fa_i_job *job, int task, float *scratch)
     float *o_state = scratch, *m_state = o_state + (size_t)nq * dv, *l_state = m_state + nq;
     float *q = l_state + nq, *kt = q + FA_I_BM * dp, *v = kt + (size_t)dp * FA_I_BN;
     float *s = v + (size_t)FA_I_BN * dvp, *pv = s + FA_I_BM * FA_I_BN, *m_tile = pv + FA_I_BM * dvp;
-    float *l_tile = m_tile + FA_I_BM, *krow = l_tile + FA_I_BM;
+    float *l_tile = m_tile + FA_I_BM, *kstage = l_tile + FA_I_BM;
     int c0, r0, r, c;
 
     memset(o_state, 0, sizeof(float) * nq * dv);
     for (r = 0; r < nq; ++r) { m_state[r] = -INFINITY; l_state[r] = 0.0f; }
     for (c0 = 0; c0 < p->seqlen_k; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
-        fa_i_load_kt(kt, dp, krow, p, b, hk, c0, cols);
+        fa_i_load_kt(kt, dp, kstage, p, b, hk, c0, cols);
         fa_i_load_tile(v, dvp, p->v, &p->v_layout, b, hk, c0, cols, dv, p->dtype, 1.0f,
                        fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
                        fa_i_pages_of(p));
@@ -2016,7 +2109,7 @@ static size_t fa_i_forward_fa1_scratch(const fa_params *p)
     const size_t dv = (size_t)p->head_dim_v, dp = (size_t)FA_I_PAD(p->head_dim);
     const size_t dvp = (size_t)FA_I_PAD(p->head_dim_v);
     return (size_t)p->seqlen_q * (dv + 2) + FA_I_BM * (dp + dvp) + (dp + dvp) * FA_I_BN +
-           FA_I_BM * FA_I_BN + 2 * FA_I_BM + dp;
+           FA_I_BM * FA_I_BN + 2 * FA_I_BM + FA_I_BN * dp;
 }
 
 /* ---- backward ---------------------------------------------------------------
@@ -2059,15 +2152,6 @@ static size_t fa_i_bwd_carve(float *w, const fa_params *p, fa_i_bwd_scratch *x)
 }
 
 static size_t fa_i_backward_scratch(const fa_params *p) { return fa_i_bwd_carve(NULL, p, NULL); }
-
-/* dst[dp][FA_I_BWD_BN] = src[cols][dp] transposed, key columns past cols zero. */
-static void fa_i_transpose_keys(float *dst, const float *src, int dp, int cols)
-{
-    int i, c;
-    fa_i_transpose(dst, FA_I_BWD_BN, src, dp, cols, dp);
-    for (i = 0; i < dp; ++i)
-        for (c = cols; c < FA_I_BWD_BN; ++c) dst[(size_t)i * FA_I_BWD_BN + c] = 0.0f;
-}
 
 /* Packed Q and dO (the backward's counterpart of the forward's packed K/V):
    the dQ pass loads each query block's Q and dO tiles into a slot of
@@ -2120,10 +2204,10 @@ static void fa_i_bwd_load_keys(const fa_params *p, fa_i_bwd_scratch *x, int b, i
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
     fa_i_load_tile(x->k, dp, p->k, &p->k_layout, b, hk, c0, cols, d, p->dtype, 1.0f,
                    fa_i_no_descale, fa_i_dense);
-    fa_i_transpose_keys(x->kt, x->k, dp, cols);
+    fa_i_transpose_keys(x->kt, FA_I_BWD_BN, x->k, dp, cols);
     fa_i_load_tile(x->t, dvp, p->v, &p->v_layout, b, hk, c0, cols, dv, p->dtype, 1.0f,
                    fa_i_no_descale, fa_i_dense);
-    fa_i_transpose_keys(x->vt, x->t, dvp, cols);
+    fa_i_transpose_keys(x->vt, FA_I_BWD_BN, x->t, dvp, cols);
 }
 
 /* Recomputes a tile: x->s becomes P and x->dp becomes dS (including the
@@ -2402,7 +2486,7 @@ static fa_status fa_i_forward_packed(fa_i_job *job, const fa_cpu_options *o)
     if (!job->packed) return fa_i_run_job(job, o);
     memset(&pack, 0, sizeof pack);
     pack.p = p, pack.run = fa_i_pack_kv_task, pack.packed = job->packed, pack.splits = 1;
-    pack.scratch_floats = (size_t)FA_I_PAD(p->head_dim);
+    pack.scratch_floats = (size_t)FA_I_BN * FA_I_PAD(p->head_dim);
     for (pair0 = 0; pair0 < pairs && s == FA_OK; pair0 += per_group) {
         const int n = pairs - pair0 < per_group ? pairs - pair0 : per_group;
         fa_i_job attend = *job;

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.6.1 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.6.2 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -2963,6 +2963,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.6.2  CPU: K tiles and the backward's P and dS transposed by 8 x 8 SIMD
+          blocks; the forward's rescale factors as vector exps; one scratch
+          allocation a job, made before its threads start
    0.6.1  GPU: the forward on Hopper's kernels at every head dim (32, 96,
           160, 192 on the next FA3 tile); head_dim_v backward at 192 / 128;
           paged decode looks up a tile's pages a tile ahead. CPU: the

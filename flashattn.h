@@ -73,7 +73,7 @@
      FA_CPU_BLOCK_N           key rows per forward tile    (default 128)
      FA_CPU_BWD_BLOCK_N       key rows per backward tile   (default 64)
      FA_CPU_PACK_BYTES        most bytes of K/V (forward) or Q/dO (backward)
-                              packed at a time (default 64 MiB; 0: never
+                              packed at a time (default 16 MiB; 0: never
                               pack), where fa_cpu_options.pack_bytes is 0
      FA_MALLOC / FA_FREE      allocator hooks (define both or neither)
      FLASHATTN_STATIC         make every function static to the including file
@@ -530,8 +530,10 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #ifndef FA_CPU_BLOCK_M_MASKED
 #define FA_CPU_BLOCK_M_MASKED (FA_CPU_BLOCK_M < 128 ? FA_CPU_BLOCK_M : 128)
 #endif
-#ifndef FA_CPU_PACK_BYTES
-#define FA_CPU_PACK_BYTES (64 << 20)
+#ifndef FA_CPU_PACK_BYTES /* small enough for the C library's heap to keep between calls: glibc maps
+                             (and the kernel zeroes) fresh pages for every request above its
+                             adaptive mmap threshold, which stops at 32 MiB */
+#define FA_CPU_PACK_BYTES (16 << 20)
 #endif
 #if FA_CPU_BLOCK_M < 4 || FA_CPU_BLOCK_M > 512 || FA_CPU_BLOCK_M % 4 != 0 || \
     FA_CPU_BLOCK_M_MASKED < 4 || FA_CPU_BLOCK_M_MASKED > FA_CPU_BLOCK_M ||    \

@@ -1616,6 +1616,66 @@ static void fa_i_scale_row(float *row, int n, float x)
     for (; c < n; ++c) row[c] *= x;
 }
 
+/* Several rows against one, x read once: out[i * ld] = q_i . x for the rows
+   q_i = q + i * ldq, i < rows, each the sum fa_i_dot forms (the same bits),
+   four rows at a time. */
+static void fa_i_dots(float *out, int ld, const float *FA_RESTRICT q, int ldq,
+                      const float *FA_RESTRICT x, int n, int rows)
+{
+    int i = 0;
+#if FA_CPU_SIMD && FA_CPU_AVX512
+    for (; i + 4 <= rows; i += 4) { /* lanes 0-7 and 8-15: fa_i_dot's two accumulators */
+        const float *q0 = q + (size_t)i * ldq;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int k, j;
+        for (k = 0; k < n; k += 16) {
+            const __m512 xk = _mm512_loadu_ps(x + k);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + k), xk, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + ldq + k), xk, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + 2 * (size_t)ldq + k), xk, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + 3 * (size_t)ldq + k), xk, a3);
+        }
+        for (j = 0; j < 4; ++j) {
+            const __m512 a = j == 0 ? a0 : j == 1 ? a1 : j == 2 ? a2 : a3;
+            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+            out[(size_t)(i + j) * ld] = fa_i_hsum(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
+        }
+    }
+#endif
+    for (; i < rows; ++i) out[(size_t)i * ld] = fa_i_dot(q + (size_t)i * ldq, x, n);
+}
+
+/* y_i[0 .. n) += w[i * ldw] x[0 .. n) for the rows y_i = y + i * ldy, i <
+   rows (n a multiple of 16 with SIMD): one multiply-add an element, x read
+   once per 16 floats for every row. */
+static void fa_i_axpys(float *FA_RESTRICT y, int ldy, const float *w, int ldw,
+                       const float *FA_RESTRICT x, int n, int rows)
+{
+    int i, k = 0;
+#if FA_CPU_SIMD
+#if FA_CPU_AVX512
+    for (; k + 16 <= n; k += 16) {
+        const __m512 xk = _mm512_loadu_ps(x + k);
+        for (i = 0; i < rows; ++i) {
+            float *yi = y + (size_t)i * ldy + k;
+            _mm512_storeu_ps(yi, _mm512_fmadd_ps(_mm512_set1_ps(w[(size_t)i * ldw]), xk,
+                                                 _mm512_loadu_ps(yi)));
+        }
+    }
+#endif
+    for (; k + 8 <= n; k += 8) {
+        const __m256 xk = _mm256_loadu_ps(x + k);
+        for (i = 0; i < rows; ++i) {
+            float *yi = y + (size_t)i * ldy + k;
+            _mm256_storeu_ps(yi, _mm256_fmadd_ps(_mm256_set1_ps(w[(size_t)i * ldw]), xk,
+                                                 _mm256_loadu_ps(yi)));
+        }
+    }
+#endif
+    for (; k < n; ++k)
+        for (i = 0; i < rows; ++i) y[(size_t)i * ldy + k] += w[(size_t)i * ldw] * x[k];
+}
+
 /* ---- a tiny task pool ----------------------------------------------------- */
 
 struct fa_i_job;
@@ -1940,6 +2000,69 @@ static int fa_i_row_has_nan(const float *row, int n)
     return nan;
 }
 
+/* The key range [*c0, *c_end) of split `split` of the key blocks that rows
+   with keys [lo, hi) see: the blocks in job->splits near-equal chunks. */
+static void fa_i_split_keys(const fa_i_job *job, int split, int lo, int hi, int *c0, int *c_end)
+{
+    const int first = lo / FA_I_BN, blocks = hi > lo ? fa_i_ceil_div(hi, FA_I_BN) - first : 0;
+    const int per = fa_i_ceil_div(blocks, job->splits);
+    *c0 = (first + split * per) * FA_I_BN;
+    *c_end = (first + (split + 1 < job->splits ? (split + 1) * per : blocks)) * FA_I_BN;
+    if (*c_end > hi) *c_end = hi;
+}
+
+/* The online softmax over one tile of `rows` rows of base-2 scores
+   (s[rows][FA_I_BN], cols of them valid): each row's max m and sum l move
+   on, its scores become P = 2^(s - m) and its O row (o[rows][dvp], dv
+   values) is rescaled. m_new and alpha: scratch of FA_I_PAD(rows) floats,
+   m's padding -inf. */
+static void fa_i_softmax_tile(float *s, int rows, int cols, float *m, float *l, float *m_new,
+                              float *alpha, float *o, int dvp, int dv)
+{
+    int r;
+    for (r = 0; r < rows; ++r) m_new[r] = fa_i_row_max(s + (size_t)r * FA_I_BN, cols, m[r]);
+    fa_i_exp2_diff(alpha, m, m_new, FA_I_PAD(rows));
+    for (r = 0; r < rows; ++r) {
+        float *srow = s + (size_t)r * FA_I_BN;
+        if (m_new[r] == -INFINITY) { /* nothing visible yet in this row */
+            if (fa_i_row_has_nan(srow, cols)) l[r] = NAN; /* -inf scores are weight 0 */
+            memset(srow, 0, sizeof(float) * cols);
+            continue;
+        }
+        l[r] = l[r] * alpha[r] + fa_i_exp_row(srow, cols, m_new[r]);
+        m[r] = m_new[r];
+        if (alpha[r] != 1.0f) fa_i_scale_row(o + (size_t)r * dvp, dv, alpha[r]);
+    }
+}
+
+/* Rows [r0, r0 + rows) of query head h of batch b: O (o[rows][dvp]) divided
+   by l and the LSE, into p->o and p->lse, or with splits into the split's
+   partial O and LSE. */
+static void fa_i_store_rows(const fa_i_job *job, int split, int b, int h, int r0, int rows,
+                            const float *o, int dvp, const float *m, const float *l)
+{
+    const fa_params *p = job->p;
+    const int dv = p->head_dim_v;
+    int r, c;
+    for (r = 0; r < rows; ++r) {
+        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r]; /* NaN stays NaN */
+        const float lse = l[r] == 0.0f ? -INFINITY : (m[r] + log2f(l[r])) * FA_I_LN2;
+        const size_t lse_at = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0 + r;
+        if (job->splits > 1) { /* O of these keys, normalized, and its LSE */
+            float *part = job->shared + split * fa_i_split_o_floats(p);
+            float *part_lse = job->shared + job->splits * fa_i_split_o_floats(p) +
+                              split * (size_t)p->batch * p->heads_q * p->seqlen_q;
+            const size_t row = (((size_t)b * p->seqlen_q + r0 + r) * p->heads_q + h) * dv;
+            for (c = 0; c < dv; ++c) part[row + c] = o[(size_t)r * dvp + c] * inv;
+            part_lse[lse_at] = lse;
+            continue;
+        }
+        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * dvp, dv,
+                       p->o_dtype, inv);
+        if (p->lse) p->lse[lse_at] = lse;
+    }
+}
+
 static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
 {
     const fa_params *p = job->p;
@@ -1958,13 +2081,7 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
     memset(o, 0, sizeof(float) * rows * dvp);
     for (r = 0; r < FA_I_PAD(FA_I_BM); ++r) m[r] = m_new[r] = -INFINITY, l[r] = 0.0f;
     fa_i_rows_key_span(p, r0, r0 + rows, &lo, &hi);
-    { /* this split's share of the key blocks the rows see */
-        const int first = lo / FA_I_BN, blocks = hi > lo ? fa_i_ceil_div(hi, FA_I_BN) - first : 0;
-        const int per = fa_i_ceil_div(blocks, job->splits);
-        c0 = (first + split * per) * FA_I_BN;
-        c_end = (first + (split + 1 < job->splits ? (split + 1) * per : blocks)) * FA_I_BN;
-        if (c_end > hi) c_end = hi;
-    }
+    fa_i_split_keys(job, split, lo, hi, &c0, &c_end);
     for (; c0 < c_end; c0 += FA_I_BN) {
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, r0, r0 + rows, c0, c0 + cols);
@@ -1990,38 +2107,10 @@ static void fa_i_forward_fa2_task(const fa_i_job *job, int task, float *scratch)
                            fa_i_descale_of(p, p->v_descale, b, hk, p->heads_kv, p->seqlen_k),
                            fa_i_pages_of(p));
         fa_i_scores(p, s, FA_I_BN, r0, rows, c0, cols, vis);
-        for (r = 0; r < rows; ++r) m_new[r] = fa_i_row_max(s + (size_t)r * FA_I_BN, cols, m[r]);
-        fa_i_exp2_diff(alpha, m, m_new, FA_I_PAD(rows));
-        for (r = 0; r < rows; ++r) {
-            float *srow = s + (size_t)r * FA_I_BN;
-            if (m_new[r] == -INFINITY) { /* nothing visible yet in this row */
-                if (fa_i_row_has_nan(srow, cols)) l[r] = NAN; /* -inf scores are weight 0 */
-                memset(srow, 0, sizeof(float) * cols);
-                continue;
-            }
-            l[r] = l[r] * alpha[r] + fa_i_exp_row(srow, cols, m_new[r]);
-            m[r] = m_new[r];
-            if (alpha[r] != 1.0f) fa_i_scale_row(o + (size_t)r * dvp, dv, alpha[r]);
-        }
+        fa_i_softmax_tile(s, rows, cols, m, l, m_new, alpha, o, dvp, dv);
         fa_i_gemm(o, dvp, s, FA_I_BN, v, dvp, rows, dvp, cols, 1);
     }
-    for (r = 0; r < rows; ++r) {
-        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r]; /* NaN stays NaN */
-        const float lse = l[r] == 0.0f ? -INFINITY : (m[r] + log2f(l[r])) * FA_I_LN2;
-        const size_t lse_at = ((size_t)b * p->heads_q + h) * p->seqlen_q + r0 + r;
-        if (job->splits > 1) { /* O of these keys, normalized, and its LSE */
-            float *part = job->shared + split * fa_i_split_o_floats(p);
-            float *part_lse = job->shared + job->splits * fa_i_split_o_floats(p) +
-                              split * (size_t)p->batch * p->heads_q * p->seqlen_q;
-            const size_t row = (((size_t)b * p->seqlen_q + r0 + r) * p->heads_q + h) * dv;
-            for (c = 0; c < dv; ++c) part[row + c] = o[(size_t)r * dvp + c] * inv;
-            part_lse[lse_at] = lse;
-            continue;
-        }
-        fa_i_store_row(p->o, fa_i_offset(&p->o_layout, b, h, r0 + r), o + (size_t)r * dvp, dv,
-                       p->o_dtype, inv);
-        if (p->lse) p->lse[lse_at] = lse;
-    }
+    fa_i_store_rows(job, split, b, h, r0, rows, o, dvp, m, l);
 }
 
 static size_t fa_i_forward_fa2_scratch(const fa_params *p)
@@ -2029,6 +2118,89 @@ static size_t fa_i_forward_fa2_scratch(const fa_params *p)
     const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
     return FA_I_BM * (dp + dvp) + (dp + dvp) * FA_I_BN + FA_I_BM * FA_I_BN +
            4 * FA_I_PAD(FA_I_BM) + FA_I_BN * dp;
+}
+
+/* Decode where each key row holds its heads side by side (the K and V
+   layouts' head stride is the head dim, as in BSHD and paged caches): a
+   task takes every head of one batch over its split of the keys, so that K
+   and V stream row after row in memory order, each row read once for all
+   the query heads that share it. (A head at a time reads a slice of every
+   row, a stride the hardware prefetchers do not follow.) S from dot
+   products, O += P V by multiply-adds, each K or V row read once for the
+   query rows of its head. Its rows x = h * Nq + r (those of kv head hk
+   contiguous) run through the same online softmax as a query block's. */
+static int fa_i_sweep_applies(const fa_params *p)
+{
+    return p->seqlen_q <= FA_I_DOT_ROWS && p->k_layout.head == p->head_dim &&
+           p->v_layout.head == p->head_dim_v;
+}
+
+/* Key row c of batch b, every kv head's n values (scaled by their
+   descales), into dst[heads_kv][ld]. */
+static void fa_i_load_heads(float *dst, int ld, const void *base, const fa_layout *l,
+                            const float *descales, const fa_params *p, int b, int c, int n)
+{
+    const fa_i_pages pg = fa_i_pages_of(p);
+    int hk;
+    for (hk = 0; hk < p->heads_kv; ++hk) {
+        const fa_i_descale ds = fa_i_descale_of(p, descales, b, hk, p->heads_kv, p->seqlen_k);
+        fa_i_load_row(dst + (size_t)hk * ld, base, fa_i_row_at(l, pg, b, hk, c), n, p->dtype,
+                      ds.at ? ds.at[ds.per_block ? c / FA_FP8_BLOCK : 0] : 1.0f);
+    }
+}
+
+static void fa_i_forward_sweep_task(const fa_i_job *job, int task, float *scratch)
+{
+    const fa_params *p = job->p;
+    const int b = task / job->splits, split = task % job->splits, nq = p->seqlen_q;
+    const int hq = p->heads_q, hkv = p->heads_kv, rows = hq * nq, per = rows / hkv;
+    const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
+    float *q = scratch, *s = q + (size_t)rows * dp, *o = s + (size_t)rows * FA_I_BN;
+    float *m = o + (size_t)rows * dvp, *l = m + FA_I_PAD(rows), *m_new = l + FA_I_PAD(rows);
+    float *alpha = m_new + FA_I_PAD(rows);
+    float *krow = alpha + FA_I_PAD(rows), *vrow = krow + (size_t)hkv * dp; /* a row's heads */
+    int lo, hi, c0, c_end, c, h, hk, x;
+
+    for (h = 0; h < hq; ++h)
+        fa_i_load_tile(q + (size_t)h * nq * dp, dp, p->q, &p->q_layout, b, h, 0, nq, d, p->dtype,
+                       fa_i_q_multiplier(p), fa_i_descale_of(p, p->q_descale, b, h, hq, nq),
+                       fa_i_dense);
+    memset(o, 0, sizeof(float) * rows * dvp);
+    memset(krow, 0, sizeof(float) * hkv * (dp + dvp)); /* the padding past d or dv stays 0 */
+    for (x = 0; x < FA_I_PAD(rows); ++x) m[x] = m_new[x] = -INFINITY, l[x] = 0.0f;
+    fa_i_rows_key_span(p, 0, nq, &lo, &hi);
+    fa_i_split_keys(job, split, lo, hi, &c0, &c_end);
+    for (; c0 < c_end; c0 += FA_I_BN) {
+        const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
+        const int vis = fa_i_tile_visibility(p, 0, nq, c0, c0 + cols);
+        if (!vis) continue;
+        for (c = 0; c < cols; ++c) {
+            fa_i_load_heads(krow, dp, p->k, &p->k_layout, p->k_descale, p, b, c0 + c, d);
+            for (hk = 0; hk < hkv; ++hk) /* rows hk * per ..: the query rows reading kv head hk */
+                fa_i_dots(s + (size_t)hk * per * FA_I_BN + c, FA_I_BN, q + (size_t)hk * per * dp,
+                          dp, krow + (size_t)hk * dp, dp, per);
+        }
+        for (h = 0; h < hq; ++h)
+            fa_i_scores(p, s + (size_t)h * nq * FA_I_BN, FA_I_BN, 0, nq, c0, cols, vis);
+        fa_i_softmax_tile(s, rows, cols, m, l, m_new, alpha, o, dvp, dv);
+        for (c = 0; c < cols; ++c) {
+            fa_i_load_heads(vrow, dvp, p->v, &p->v_layout, p->v_descale, p, b, c0 + c, dv);
+            for (hk = 0; hk < hkv; ++hk)
+                fa_i_axpys(o + (size_t)hk * per * dvp, dvp, s + (size_t)hk * per * FA_I_BN + c,
+                           FA_I_BN, vrow + (size_t)hk * dvp, dvp, per);
+        }
+    }
+    for (h = 0; h < hq; ++h)
+        fa_i_store_rows(job, split, b, h, 0, nq, o + (size_t)h * nq * dvp, dvp, m + h * nq,
+                        l + h * nq);
+}
+
+static size_t fa_i_forward_sweep_scratch(const fa_params *p)
+{
+    const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
+    const size_t rows = (size_t)p->heads_q * p->seqlen_q;
+    return rows * (dp + FA_I_BN + dvp) + 4 * (size_t)FA_I_PAD(rows) +
+           (size_t)p->heads_kv * (dp + dvp);
 }
 
 /* ---- forward, FA1 order ---------------------------------------------------
@@ -2744,6 +2916,13 @@ static fa_status fa_i_forward_resolved(const fa_params *params, const fa_cpu_opt
         s = fa_i_task_count(bh, &job.num_tasks);
         return s != FA_OK ? s : fa_i_run_job(&job, &o);
     }
+    if (fa_i_sweep_applies(&p)) {
+        job.run = fa_i_forward_sweep_task;
+        job.scratch_floats = fa_i_forward_sweep_scratch(&p);
+        job.splits = fa_i_cpu_splits(&p, p.batch);
+        if ((s = fa_i_task_count((int64_t)p.batch * job.splits, &job.num_tasks)) != FA_OK) return s;
+        return job.splits > 1 ? fa_i_forward_split(&job, &o) : fa_i_run_job(&job, &o);
+    }
     job.run = fa_i_forward_fa2_task;
     job.scratch_floats = fa_i_forward_fa2_scratch(&p);
     query_tasks = bh * fa_i_ceil_div(p.seqlen_q, fa_i_fwd_rows(&p));
@@ -2967,7 +3146,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 REVISION HISTORY
    0.6.2  CPU: K tiles and the backward's P and dS transposed by 8 x 8 SIMD
           blocks; the forward's rescale factors as vector exps; one scratch
-          allocation a job, made before its threads start
+          allocation a job, made before its threads start; decode streams K
+          and V rows once for all heads (BSHD and paged); FA_CPU_PACK_BYTES
+          16 MiB
    0.6.1  GPU: the forward on Hopper's kernels at every head dim (32, 96,
           160, 192 on the next FA3 tile); head_dim_v backward at 192 / 128;
           paged decode looks up a tile's pages a tile ahead. CPU: the

@@ -313,9 +313,9 @@ def packed_matches_unpacked(cfg):
 
 for i, cfg in enumerate(PACK_CASES):
     case(f"packed_matches_unpacked_{i}", packed_matches_unpacked, cfg)
-case("packed_decode_gqa", with_pack_bytes, 1 << 20,
+case("packed_decode_gqa", with_pack_bytes, 1 << 20,  # BHSD: BSHD decode takes the sweep
      lambda: forward_case(backends=("fa2",), seqlen_q=3, seqlen_k=777, head_dim=96, heads_q=8,
-                          heads_kv=2, batch=2, causal=True))
+                          heads_kv=2, batch=2, causal=True, layout="bhsd"))
 
 
 for nq, nk in ((1, 33), (47, 17), (100, 130)):
@@ -497,6 +497,34 @@ for nq, nk, splits, extra in ((1, 1, 3, {}), (1, 1000, 7, dict(causal=True)),
                               (16, 7, 0, dict(causal=True)), (1, 4096, 0, {})):
     case(f"fwd_split_{nq}x{nk}_s{splits}", forward_case, backends=("fa2",), heads_q=8,
          heads_kv=2, seqlen_q=nq, seqlen_k=nk, head_dim=64, num_splits=splits, **extra)
+
+
+def decode_sweep_matches_head_path(cfg):
+    """Decode in BSHD streams each K and V row once for every head (the
+    sweep); in BHSD, where a row's heads are not side by side, a task takes
+    one head. With the same split count they form the same sums in the same
+    order, so the bits agree; both against the float64 reference too."""
+    runs = []
+    for layout in ("bshd", "bhsd"):
+        prob = fa.Problem(rng_for("sweep" + str(cfg)), layout=layout, **cfg)
+        status, o, lse = with_pack_bytes(-1, lambda: prob.forward("fa2", threads=3))
+        assert status == fa.FA_OK, fa.status_name(status)
+        runs.append((o, lse))
+        forward_case(backends=("fa2",), layout=layout, **cfg)
+    assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(*runs))
+    return "bits agree"
+
+
+for i, cfg in enumerate((dict(seqlen_q=1, seqlen_k=3000, heads_q=8, heads_kv=2, num_splits=3),
+                         dict(seqlen_q=4, seqlen_k=700, heads_q=6, heads_kv=6, num_splits=1,
+                              causal=True, dtype="bf16"),
+                         dict(seqlen_q=3, seqlen_k=515, heads_q=4, heads_kv=1, num_splits=2,
+                              window=(200, 0), softcap=5.0, head_dim=40, head_dim_v=24),
+                         dict(seqlen_q=2, seqlen_k=1, batch=3, heads_q=2, heads_kv=1),
+                         dict(seqlen_q=1, seqlen_k=300, heads_q=4, heads_kv=2, head_dim=40,
+                              head_dim_v=72, dtype="f16"))):
+    case(f"fwd_decode_sweep_{i}", decode_sweep_matches_head_path,
+         dict(dict(head_dim=64), **cfg))
 
 
 @test

@@ -1652,23 +1652,12 @@ static void fa_i_axpys(float *FA_RESTRICT y, int ldy, const float *w, int ldw,
                        const float *FA_RESTRICT x, int n, int rows)
 {
     int i, k = 0;
-#if FA_CPU_SIMD
-#if FA_CPU_AVX512
-    for (; k + 16 <= n; k += 16) {
-        const __m512 xk = _mm512_loadu_ps(x + k);
+#if FA_CPU_SIMD /* the microkernels' vectors */
+    for (; k + FA_I_VW <= n; k += FA_I_VW) {
+        const FA_I_VEC xk = FA_I_VLOAD(x + k);
         for (i = 0; i < rows; ++i) {
             float *yi = y + (size_t)i * ldy + k;
-            _mm512_storeu_ps(yi, _mm512_fmadd_ps(_mm512_set1_ps(w[(size_t)i * ldw]), xk,
-                                                 _mm512_loadu_ps(yi)));
-        }
-    }
-#endif
-    for (; k + 8 <= n; k += 8) {
-        const __m256 xk = _mm256_loadu_ps(x + k);
-        for (i = 0; i < rows; ++i) {
-            float *yi = y + (size_t)i * ldy + k;
-            _mm256_storeu_ps(yi, _mm256_fmadd_ps(_mm256_set1_ps(w[(size_t)i * ldw]), xk,
-                                                 _mm256_loadu_ps(yi)));
+            FA_I_VSTORE(yi, FA_I_VFMA(FA_I_VBROADCAST(w + (size_t)i * ldw), xk, FA_I_VLOAD(yi)));
         }
     }
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests, demo, then the benchmark.
 # Logs go to $OUT (the device tool's folder) or /tmp/flashattn-device.
-# Usage: [TEST_PART=k/n] bash bench/device_run.sh [tests|bench|fp8|ring|sanitize|all] [bench args...]
+# Usage: [TEST_PART=k/n] [TOOL=memcheck|...] bash bench/device_run.sh
+#        [tests|bench|fp8|ring|sanitize|all] [bench args...]
 set -uo pipefail
 out=${OUT:-/tmp/flashattn-device}
 mkdir -p "$out"
@@ -13,24 +14,30 @@ export FA_COMMIT=${FA_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,power.draw --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 if ! make -j16 all bench-libs >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
-if [ "$what" = tests ] || [ "$what" = all ]; then
-    # The GPU suite outlasts one call: TEST_PART=k/n runs the k-th of n
-    # slices of its names, 30 names a process, each process bounded.
-    part=${TEST_PART:-1/1}
+# The GPU suite outlasts one call: TEST_PART=k/n takes the k-th of n slices
+# of its names (chunks of CHUNK names a process, each bounded by CHUNK_S
+# seconds); $1 is the command a chunk runs under (empty: none), $2 the log.
+gpu_slices() {
+    local runner=$1 log=$2 part=${TEST_PART:-1/1} total k n first last chunk t0 rc
     python3 tests/run_tests.py --list gpu_ | grep '^gpu_' >"$out/names.txt"
     total=$(wc -l <"$out/names.txt")
     k=${part%/*} n=${part#*/}
     first=$(( (k - 1) * total / n + 1 )) last=$(( k * total / n ))
-    sed -n "${first},${last}p" "$out/names.txt" | split -l 30 - "$out/chunk."
+    sed -n "${first},${last}p" "$out/names.txt" | split -l "${CHUNK:-30}" - "$out/chunk."
+    t0=$SECONDS
     for chunk in "$out"/chunk.*; do
-        timeout 240 python3 tests/run_tests.py "@$chunk" >>"$out/test_gpu.log" 2>&1 ||
-            echo "chunk $(basename "$chunk"): exit $?" >>"$out/test_gpu.log"
+        timeout "${CHUNK_S:-240}" $runner python3 tests/run_tests.py "@$chunk" >>"$log" 2>&1 ||
+            { rc=$?; echo "chunk $(basename "$chunk") ($(head -1 "$chunk") ...): exit $rc" >>"$log"; }
     done
     rm -f "$out"/chunk.* "$out/names.txt"
-    grep -v "^PASS\|^random seed" "$out/test_gpu.log" | tail -60
-    echo "GPU tests $part: $(grep -c '^PASS' "$out/test_gpu.log") passed, $(grep -c '^FAIL' \
-        "$out/test_gpu.log") failed, $(grep -c '^SKIP' "$out/test_gpu.log") skipped"
-    [ "$k" = 1 ] && ./build/gpu_attention | tee "$out/demo.log"
+    grep -v "^PASS\|^random seed" "$log" | tail -60
+    echo "GPU tests $part (names $first-$last of $total, $(( SECONDS - t0 )) s): $(grep -c '^PASS' \
+        "$log") passed, $(grep -c '^FAIL' "$log") failed, $(grep -c '^SKIP' "$log") skipped"
+}
+if [ "$what" = tests ] || [ "$what" = all ]; then
+    gpu_slices "" "$out/test_gpu.log"
+    part=${TEST_PART:-1/1}
+    [ "${part%/*}" = 1 ] && ./build/gpu_attention | tee "$out/demo.log"
 fi
 if [ "$what" = fp8 ]; then  # the FP8 tests, then the FP8 benchmark (args: bench_fp8.py's)
     for prefix in fp8 gpu_fp8; do
@@ -47,7 +54,16 @@ if [ "$what" = ring ]; then  # the ring example, a rank per GPU here (args: sequ
     done
 fi
 if [ "$what" = sanitize ]; then
-    make sanitize >"$out/sanitize.log" 2>&1; echo "sanitize exit $?"; tail -30 "$out/sanitize.log"
+    # TOOL=memcheck|racecheck|synccheck|initcheck: the GPU suite's slice
+    # under that compute-sanitizer tool (a chunk that reports an error
+    # exits 1, listed in the log); without TOOL, `make sanitize` (gpu_small
+    # under the first three).
+    if [ -n "${TOOL:-}" ]; then
+        gpu_slices "compute-sanitizer --tool $TOOL --error-exitcode 1 --print-limit 20" \
+            "$out/sanitize_$TOOL.log"
+    else
+        make sanitize >"$out/sanitize.log" 2>&1; echo "sanitize exit $?"; tail -30 "$out/sanitize.log"
+    fi
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 bench/bench_gpu.py --out "$out" "$@" 2>&1 | tail -80

@@ -2115,9 +2115,12 @@ static size_t fa_i_forward_fa2_scratch(const fa_params *p)
    and V stream row after row in memory order, each row read once for all
    the query heads that share it. (A head at a time reads a slice of every
    row, a stride the hardware prefetchers do not follow.) S from dot
-   products, O += P V by multiply-adds, each K or V row read once for the
-   query rows of its head. Its rows x = h * Nq + r (those of kv head hk
-   contiguous) run through the same online softmax as a query block's. */
+   products, O += P V by multiply-adds or a product (the same sums), each K
+   or V row read once for the query rows of its head. Its rows x = h * Nq
+   + r (those of kv head hk contiguous) run through the same online softmax
+   as a query block's. */
+#define FA_I_SWEEP_ROWS 16 /* V rows (every head's) an O += P V step takes */
+#define FA_I_SWEEP_GEMM 4  /* query rows a kv head needs before the step is a product */
 static int fa_i_sweep_applies(const fa_params *p)
 {
     return p->seqlen_q <= FA_I_DOT_ROWS && p->k_layout.head == p->head_dim &&
@@ -2144,10 +2147,13 @@ static void fa_i_forward_sweep_task(const fa_i_job *job, int task, float *scratc
     const int b = task / job->splits, split = task % job->splits, nq = p->seqlen_q;
     const int hq = p->heads_q, hkv = p->heads_kv, rows = hq * nq, per = rows / hkv;
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
+    /* O += P V: a product over FA_I_SWEEP_ROWS staged V rows where a kv head
+       has enough query rows, else multiply-adds a row at a time, in L1 */
+    const int step = per < FA_I_SWEEP_GEMM ? 1 : FA_I_SWEEP_ROWS;
     float *q = scratch, *s = q + (size_t)rows * dp, *o = s + (size_t)rows * FA_I_BN;
     float *m = o + (size_t)rows * dvp, *l = m + FA_I_PAD(rows), *m_new = l + FA_I_PAD(rows);
     float *alpha = m_new + FA_I_PAD(rows);
-    float *krow = alpha + FA_I_PAD(rows), *vrow = krow + (size_t)hkv * dp; /* a row's heads */
+    float *krow = alpha + FA_I_PAD(rows), *vrow = krow + (size_t)hkv * dp; /* rows' heads */
     int lo, hi, c0, c_end, c, h, hk, x;
 
     for (h = 0; h < hq; ++h)
@@ -2155,7 +2161,7 @@ static void fa_i_forward_sweep_task(const fa_i_job *job, int task, float *scratc
                        fa_i_q_multiplier(p), fa_i_descale_of(p, p->q_descale, b, h, hq, nq),
                        fa_i_dense);
     memset(o, 0, sizeof(float) * rows * dvp);
-    memset(krow, 0, sizeof(float) * hkv * (dp + dvp)); /* the padding past d or dv stays 0 */
+    memset(krow, 0, sizeof(float) * hkv * (dp + FA_I_SWEEP_ROWS * (size_t)dvp)); /* padding: 0 */
     for (x = 0; x < FA_I_PAD(rows); ++x) m[x] = m_new[x] = -INFINITY, l[x] = 0.0f;
     fa_i_rows_key_span(p, 0, nq, &lo, &hi);
     fa_i_split_keys(job, split, lo, hi, &c0, &c_end);
@@ -2172,11 +2178,22 @@ static void fa_i_forward_sweep_task(const fa_i_job *job, int task, float *scratc
         for (h = 0; h < hq; ++h)
             fa_i_scores(p, s + (size_t)h * nq * FA_I_BN, FA_I_BN, 0, nq, c0, cols, vis);
         fa_i_softmax_tile(s, rows, cols, m, l, m_new, alpha, o, dvp, dv);
-        for (c = 0; c < cols; ++c) {
-            fa_i_load_heads(vrow, dvp, p->v, &p->v_layout, p->v_descale, p, b, c0 + c, dv);
-            for (hk = 0; hk < hkv; ++hk)
-                fa_i_axpys(o + (size_t)hk * per * dvp, dvp, s + (size_t)hk * per * FA_I_BN + c,
-                           FA_I_BN, vrow + (size_t)hk * dvp, dvp, per);
+        for (c = 0; c < cols; c += step) { /* O += P V, `step` keys at a time */
+            const int n = cols - c < step ? cols - c : step;
+            int i;
+            for (i = 0; i < n; ++i)
+                fa_i_load_heads(vrow + (size_t)i * hkv * dvp, dvp, p->v, &p->v_layout,
+                                p->v_descale, p, b, c0 + c + i, dv);
+            for (hk = 0; hk < hkv; ++hk) {
+                float *o_hk = o + (size_t)hk * per * dvp, *p_hk = s + (size_t)hk * per * FA_I_BN + c;
+                if (step == 1)
+                    for (i = 0; i < n; ++i)
+                        fa_i_axpys(o_hk, dvp, p_hk + i, FA_I_BN, vrow + ((size_t)i * hkv + hk) * dvp,
+                                   dvp, per);
+                else
+                    fa_i_gemm(o_hk, dvp, p_hk, FA_I_BN, vrow + (size_t)hk * dvp, hkv * dvp, per, dvp,
+                              n, 1);
+            }
         }
     }
     for (h = 0; h < hq; ++h)
@@ -2189,7 +2206,7 @@ static size_t fa_i_forward_sweep_scratch(const fa_params *p)
     const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
     const size_t rows = (size_t)p->heads_q * p->seqlen_q;
     return rows * (dp + FA_I_BN + dvp) + 4 * (size_t)FA_I_PAD(rows) +
-           (size_t)p->heads_kv * (dp + dvp);
+           (size_t)p->heads_kv * (dp + FA_I_SWEEP_ROWS * dvp);
 }
 
 /* ---- forward, FA1 order ---------------------------------------------------
@@ -3136,7 +3153,8 @@ REVISION HISTORY
    0.6.2  CPU: K tiles and the backward's P and dS transposed by 8 x 8 SIMD
           blocks; the forward's rescale factors as vector exps; one scratch
           allocation a job, made before its threads start; decode streams K
-          and V rows once for all heads (BSHD and paged); FA_CPU_PACK_BYTES
+          and V rows once for all heads (BSHD and paged), GQA products over
+          staged V rows; FA_CPU_PACK_BYTES
           16 MiB
    0.6.1  GPU: the forward on Hopper's kernels at every head dim (32, 96,
           160, 192 on the next FA3 tile); head_dim_v backward at 192 / 128;

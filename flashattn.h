@@ -3154,8 +3154,7 @@ REVISION HISTORY
           blocks; the forward's rescale factors as vector exps; one scratch
           allocation a job, made before its threads start; decode streams K
           and V rows once for all heads (BSHD and paged), GQA products over
-          staged V rows; FA_CPU_PACK_BYTES
-          16 MiB
+          staged V rows; FA_CPU_PACK_BYTES 16 MiB
    0.6.1  GPU: the forward on Hopper's kernels at every head dim (32, 96,
           160, 192 on the next FA3 tile); head_dim_v backward at 192 / 128;
           paged decode looks up a tile's pages a tile ahead. CPU: the

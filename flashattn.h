@@ -2119,7 +2119,7 @@ static size_t fa_i_forward_fa2_scratch(const fa_params *p)
    or V row read once for the query rows of its head. Its rows x = h * Nq
    + r (those of kv head hk contiguous) run through the same online softmax
    as a query block's. */
-#define FA_I_SWEEP_ROWS 16 /* V rows (every head's) an O += P V step takes */
+#define FA_I_SWEEP_ROWS 16 /* K or V rows (every head's) a step stages */
 #define FA_I_SWEEP_GEMM 4  /* query rows a kv head needs before the step is a product */
 static int fa_i_sweep_applies(const fa_params *p)
 {
@@ -2147,13 +2147,14 @@ static void fa_i_forward_sweep_task(const fa_i_job *job, int task, float *scratc
     const int b = task / job->splits, split = task % job->splits, nq = p->seqlen_q;
     const int hq = p->heads_q, hkv = p->heads_kv, rows = hq * nq, per = rows / hkv;
     const int d = p->head_dim, dp = FA_I_PAD(d), dv = p->head_dim_v, dvp = FA_I_PAD(dv);
-    /* O += P V: a product over FA_I_SWEEP_ROWS staged V rows where a kv head
-       has enough query rows, else multiply-adds a row at a time, in L1 */
+    /* Where a kv head has enough query rows, FA_I_SWEEP_ROWS K or V rows (every
+       head's) are staged and each head takes them in turn, its Q or O rows
+       kept in L1 (O += P V a product); else a row at a time, in L1 whole. */
     const int step = per < FA_I_SWEEP_GEMM ? 1 : FA_I_SWEEP_ROWS;
     float *q = scratch, *s = q + (size_t)rows * dp, *o = s + (size_t)rows * FA_I_BN;
     float *m = o + (size_t)rows * dvp, *l = m + FA_I_PAD(rows), *m_new = l + FA_I_PAD(rows);
     float *alpha = m_new + FA_I_PAD(rows);
-    float *krow = alpha + FA_I_PAD(rows), *vrow = krow + (size_t)hkv * dp; /* rows' heads */
+    float *krow = alpha + FA_I_PAD(rows), *vrow = krow + (size_t)step * hkv * dp; /* staged */
     int lo, hi, c0, c_end, c, h, hk, x;
 
     for (h = 0; h < hq; ++h)
@@ -2161,7 +2162,7 @@ static void fa_i_forward_sweep_task(const fa_i_job *job, int task, float *scratc
                        fa_i_q_multiplier(p), fa_i_descale_of(p, p->q_descale, b, h, hq, nq),
                        fa_i_dense);
     memset(o, 0, sizeof(float) * rows * dvp);
-    memset(krow, 0, sizeof(float) * hkv * (dp + FA_I_SWEEP_ROWS * (size_t)dvp)); /* padding: 0 */
+    memset(krow, 0, sizeof(float) * step * hkv * (size_t)(dp + dvp)); /* the padding stays 0 */
     for (x = 0; x < FA_I_PAD(rows); ++x) m[x] = m_new[x] = -INFINITY, l[x] = 0.0f;
     fa_i_rows_key_span(p, 0, nq, &lo, &hi);
     fa_i_split_keys(job, split, lo, hi, &c0, &c_end);
@@ -2169,16 +2170,22 @@ static void fa_i_forward_sweep_task(const fa_i_job *job, int task, float *scratc
         const int cols = p->seqlen_k - c0 < FA_I_BN ? p->seqlen_k - c0 : FA_I_BN;
         const int vis = fa_i_tile_visibility(p, 0, nq, c0, c0 + cols);
         if (!vis) continue;
-        for (c = 0; c < cols; ++c) {
-            fa_i_load_heads(krow, dp, p->k, &p->k_layout, p->k_descale, p, b, c0 + c, d);
+        for (c = 0; c < cols; c += step) { /* S, `step` keys at a time */
+            const int n = cols - c < step ? cols - c : step;
+            int i;
+            for (i = 0; i < n; ++i)
+                fa_i_load_heads(krow + (size_t)i * hkv * dp, dp, p->k, &p->k_layout,
+                                p->k_descale, p, b, c0 + c + i, d);
             for (hk = 0; hk < hkv; ++hk) /* rows hk * per ..: the query rows reading kv head hk */
-                fa_i_dots(s + (size_t)hk * per * FA_I_BN + c, FA_I_BN, q + (size_t)hk * per * dp,
-                          dp, krow + (size_t)hk * dp, dp, per);
+                for (i = 0; i < n; ++i)
+                    fa_i_dots(s + (size_t)hk * per * FA_I_BN + c + i, FA_I_BN,
+                              q + (size_t)hk * per * dp, dp, krow + ((size_t)i * hkv + hk) * dp, dp,
+                              per);
         }
         for (h = 0; h < hq; ++h)
             fa_i_scores(p, s + (size_t)h * nq * FA_I_BN, FA_I_BN, 0, nq, c0, cols, vis);
         fa_i_softmax_tile(s, rows, cols, m, l, m_new, alpha, o, dvp, dv);
-        for (c = 0; c < cols; c += step) { /* O += P V, `step` keys at a time */
+        for (c = 0; c < cols; c += step) { /* O += P V */
             const int n = cols - c < step ? cols - c : step;
             int i;
             for (i = 0; i < n; ++i)
@@ -2206,7 +2213,7 @@ static size_t fa_i_forward_sweep_scratch(const fa_params *p)
     const size_t dp = (size_t)FA_I_PAD(p->head_dim), dvp = (size_t)FA_I_PAD(p->head_dim_v);
     const size_t rows = (size_t)p->heads_q * p->seqlen_q;
     return rows * (dp + FA_I_BN + dvp) + 4 * (size_t)FA_I_PAD(rows) +
-           (size_t)p->heads_kv * (dp + FA_I_SWEEP_ROWS * dvp);
+           (size_t)FA_I_SWEEP_ROWS * p->heads_kv * (dp + dvp);
 }
 
 /* ---- forward, FA1 order ---------------------------------------------------
@@ -3154,7 +3161,7 @@ REVISION HISTORY
           blocks; the forward's rescale factors as vector exps; one scratch
           allocation a job, made before its threads start; decode streams K
           and V rows once for all heads (BSHD and paged), GQA products over
-          staged V rows; FA_CPU_PACK_BYTES 16 MiB
+          staged K and V rows; FA_CPU_PACK_BYTES 16 MiB
    0.6.1  GPU: the forward on Hopper's kernels at every head dim (32, 96,
           160, 192 on the next FA3 tile); head_dim_v backward at 192 / 128;
           paged decode looks up a tile's pages a tile ahead. CPU: the

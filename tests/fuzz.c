@@ -323,7 +323,13 @@ static int fz_bad(fz_problem *z)
     case 10: p.o = (void *)p.v, p.o_layout = p.v_layout; break;
     case 11: p.seqlen_q = FA_MAX_SEQLEN + fz_int(1, 1000); break;
     case 12: p.head_dim = FA_MAX_HEAD_DIM + fz_int(1, 100); break;
-    default: p.o = (char *)p.q + fa_dtype_size(p.dtype) * fz_int(0, 3); break;
+    default: { /* o starts inside q's span (a tiny q may span fewer than 4 elements) */
+        const int64_t q_span = (int64_t)(p.batch - 1) * p.q_layout.batch +
+                               (int64_t)(p.heads_q - 1) * p.q_layout.head +
+                               (int64_t)(p.seqlen_q - 1) * p.q_layout.seq + p.head_dim;
+        p.o = (char *)p.q + fa_dtype_size(p.dtype) * fz_int(0, q_span < 4 ? (int)q_span - 1 : 3);
+        break;
+    }
     }
     if (which == 9 && p.seqlen_k == 1 && p.heads_kv == 1) return 0; /* nothing can overlap */
     if (which == 10 && backward) p.dq = (void *)p.dout, p.dq_layout = p.dout_layout; /* o: an input */

@@ -1395,6 +1395,12 @@ typedef struct fa_i_descale {
 
 static const fa_i_descale fa_i_no_descale = {NULL, 0};
 
+/* Row r's descale (1 without). */
+static float fa_i_descale_at(fa_i_descale ds, int r)
+{
+    return ds.at ? ds.at[ds.per_block ? r / FA_FP8_BLOCK : 0] : 1.0f;
+}
+
 /* The descales of head h of batch b in `all` (q_descale, k_descale or
    v_descale of p, whose tensor has `heads` heads of seqlen rows). */
 static fa_i_descale fa_i_descale_of(const fa_params *p, const float *all, int b, int h, int heads,
@@ -1443,8 +1449,7 @@ static void fa_i_load_tile(float *dst, int ld, const void *base, const fa_layout
     int r, c;
     for (r = 0; r < rows; ++r) {
         float *row = dst + (size_t)r * ld;
-        const float row_mul =
-            ds.at ? mul * ds.at[ds.per_block ? (r0 + r) / FA_FP8_BLOCK : 0] : mul;
+        const float row_mul = mul * fa_i_descale_at(ds, r0 + r);
 #if FA_CPU_SIMD
         /* Rows of a BSHD tensor sit H * d elements apart, often a page each,
            where the hardware prefetcher stops: fetch a few rows ahead. */
@@ -2137,7 +2142,7 @@ static void fa_i_load_heads(float *dst, int ld, const void *base, const fa_layou
     for (hk = 0; hk < p->heads_kv; ++hk) {
         const fa_i_descale ds = fa_i_descale_of(p, descales, b, hk, p->heads_kv, p->seqlen_k);
         fa_i_load_row(dst + (size_t)hk * ld, base, fa_i_row_at(l, pg, b, hk, c), n, p->dtype,
-                      ds.at ? ds.at[ds.per_block ? c / FA_FP8_BLOCK : 0] : 1.0f);
+                      fa_i_descale_at(ds, c));
     }
 }
 

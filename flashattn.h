@@ -2126,10 +2126,10 @@ static size_t fa_i_forward_fa2_scratch(const fa_params *p)
    as a query block's. */
 #define FA_I_SWEEP_ROWS 16 /* K or V rows (every head's) a step stages */
 #define FA_I_SWEEP_GEMM 4  /* query rows a kv head needs before the step is a product */
-static int fa_i_sweep_applies(const fa_params *p)
+static int fa_i_sweep_applies(const fa_params *p) /* its scratch grows with Hq: at most a tile's */
 {
-    return p->seqlen_q <= FA_I_DOT_ROWS && p->k_layout.head == p->head_dim &&
-           p->v_layout.head == p->head_dim_v;
+    return p->seqlen_q <= FA_I_DOT_ROWS && (int64_t)p->heads_q * p->seqlen_q <= 4 * FA_I_BM &&
+           p->k_layout.head == p->head_dim && p->v_layout.head == p->head_dim_v;
 }
 
 /* Key row c of batch b, every kv head's n values (scaled by their

@@ -495,35 +495,39 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #define FA_I_FA3_BWD_STAGES(keys, stages) stages
 
 /* Decode (>> decode: few query rows, GQA-packed, split-KV): 4 warps per CTA.
-     KEYS    keys per K/V tile: a multiple of 64 (slices of 16, a warp's step)
+     KEYS    keys per K/V tile: a multiple of 64 (slices of 16)
      STAGES  K/V ring depth, at least 2
      DSPLIT  warps a row tile's O is split over by columns (2: each holds
              half of d; the registers of d = 256)
-                              KEYS STAGES DSPLIT */
+     STEP    16-key slices a warp takes at a time where the rows give each
+             warp a whole row tile (2: two S chains in flight and one softmax
+             pass over 32 keys; 1 where the registers don't hold them)
+                              KEYS STAGES DSPLIT STEP */
 #ifndef FA_DECODE_TILE_32
-#define FA_DECODE_TILE_32      64,  4,     1
+#define FA_DECODE_TILE_32      64,  4,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_64
-#define FA_DECODE_TILE_64      64,  4,     1
+#define FA_DECODE_TILE_64      64,  4,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_96
-#define FA_DECODE_TILE_96      64,  3,     1
+#define FA_DECODE_TILE_96      64,  3,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_128
-#define FA_DECODE_TILE_128     64,  3,     1
+#define FA_DECODE_TILE_128     64,  3,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_160
-#define FA_DECODE_TILE_160     64,  2,     1
+#define FA_DECODE_TILE_160     64,  2,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_192
-#define FA_DECODE_TILE_192     64,  2,     1
+#define FA_DECODE_TILE_192     64,  2,     1,     1
 #endif
 #ifndef FA_DECODE_TILE_256
-#define FA_DECODE_TILE_256     64,  2,     2
+#define FA_DECODE_TILE_256     64,  2,     2,     2
 #endif
-#define FA_I_DECODE_KEYS(keys, stages, dsplit) keys
-#define FA_I_DECODE_STAGES(keys, stages, dsplit) stages
-#define FA_I_DECODE_DSPLIT(keys, stages, dsplit) dsplit
+#define FA_I_DECODE_KEYS(keys, stages, dsplit, step) keys
+#define FA_I_DECODE_STAGES(keys, stages, dsplit, step) stages
+#define FA_I_DECODE_DSPLIT(keys, stages, dsplit, step) dsplit
+#define FA_I_DECODE_STEP(keys, stages, dsplit, step) step
 
 /* Shared-memory budgets: the FA2 kernels' default tiles fit compute
    capability 8.0's 163 KB; Hopper allows 227 KB a block. */
@@ -2692,8 +2696,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    4 / DSPLIT), K/V tiles of KEYS keys through a STAGES-deep cp.async ring.
    Warp w owns row tile w % RT, columns part (w / RT) % DSPLIT of O, and of
    each tile's KEYS / 16 slices of 16 keys every KS-th from w / (RT DSPLIT)
-   (KS = 4 / (RT DSPLIT)). Per slice, mma.sync:
-     S = Q K^T (16 x 16, all of d), softcap, mask, online softmax,
+   (KS = 4 / (RT DSPLIT)), or where that leaves a warp two or more slices a
+   tile, every KS-th pair of slices (STEP 2, fa_i_decode_step). Per step,
+   mma.sync:
+     S = Q K^T (16 x 16 STEP, all of d), softcap, mask, online softmax,
      O[:, its columns] += P V
    At the end the KS warps of a (row tile, column part) merge their (m, l, O)
    through shared memory. */
@@ -2704,6 +2710,86 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
 #define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
+/* One warp's step over w slices of 16 keys (w = 1 or 2, a constant at each
+   call), keys c_tile + 16 w j ...: S = Q K^T, softcap, mask, the online
+   softmax, O[:, its columns] += P V. Two slices a step give the warp two
+   independent S chains and one softmax pass over 32 keys: where a warp owns
+   a whole row tile (many packed rows) it is the only warp of its scheduler
+   and its chain's latency is the kernel's time. */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
+    const fa_params *p, const int w, const uint16_t *skt, const uint16_t *svt, const int j,
+    const int c_tile, const uint32_t (*qa)[4], float (*o)[4], float *m_run, float *l_run,
+    const int *lo, const int *hi, const int all_lo, const int all_hi, const float log2_scale,
+    const int col0)
+{
+    enum { D = FA_I_D, DW = D / FA_I_DEC(DSPLIT), BF16 = FA_I_IS_BF16 };
+    const int lane = threadIdx.x & 31, c0 = c_tile + 16 * w * j;
+    float s[4][4], alpha[2];
+    uint32_t pa[2][4];
+    int i, u, e;
+    fa_i_zero_acc(s, 2 * w);
+#pragma unroll
+    for (i = 0; i < D / 16; ++i) /* S = Q K^T over the step's keys */
+#pragma unroll
+        for (u = 0; u < w; ++u) {
+            uint32_t kb[4];
+            FA_I_LOAD_B_NK(kb, skt, FA_I_PITCH(D), 16 * (w * j + u), 16 * i);
+            fa_i_mma(s[2 * u], qa[i], kb[0], kb[1], BF16);
+            fa_i_mma(s[2 * u + 1], qa[i], kb[2], kb[3], BF16);
+        }
+    if (p->softcap > 0.0f)
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i)
+#pragma unroll
+            for (e = 0; e < 4; ++e) s[i][e] = fa_i_score(p, s[i][e]);
+    if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + 16 * w))
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i)
+#pragma unroll
+            for (e = 0; e < 4; ++e) {
+                const int col = c0 + 8 * i + 2 * (lane & 3) + (e & 1);
+                if (col < lo[e >> 1] || col >= hi[e >> 1]) s[i][e] = -INFINITY;
+            }
+#pragma unroll
+    for (e = 0; e < 2; ++e) { /* online softmax of row half e */
+        float mx = -INFINITY, ref, sum = 0.0f;
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * e], s[i][2 * e + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(m_run[e], mx * log2_scale);
+        ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
+        alpha[e] = fa_i_dev_exp2(m_run[e] - ref);
+        m_run[e] = mx;
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i) {
+            s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));
+            s[i][2 * e + 1] = fa_i_dev_exp2(fmaf(s[i][2 * e + 1], log2_scale, -ref));
+            sum += s[i][2 * e] + s[i][2 * e + 1];
+        }
+        l_run[e] = l_run[e] * alpha[e] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+        for (i = 0; i < DW / 8; ++i) {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        }
+#pragma unroll
+    for (u = 0; u < w; ++u) FA_I_ACC_AS_A(pa[u], s, u);
+#pragma unroll
+    for (i = 0; i < DW / 16; ++i) /* O += P V on this warp's columns */
+#pragma unroll
+        for (u = 0; u < w; ++u) {
+            uint32_t vb[4];
+            FA_I_LOAD_B_KN(vb, svt, FA_I_PITCH(D), 16 * (w * j + u), col0 + 16 * i);
+            fa_i_mma(o[2 * i], pa[u], vb[0], vb[1], BF16);
+            fa_i_mma(o[2 * i + 1], pa[u], vb[2], vb[3], BF16);
+        }
+}
+
 /* The kernel's body. `general` (a constant of each kernel below) takes a
    paged cache, or head dims below the tile's (columns masked); the kernel
    for the rest (dense, d = the tile's) carries neither: both paths in one
@@ -2726,6 +2812,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     const int ks_count = FA_I_DECODE_WARPS / (rt_count * DS);
     const int rt = warp % rt_count, dpart = warp / rt_count % DS, ks = warp / (rt_count * DS);
     const int col0 = dpart * DW; /* this warp's first O column */
+    /* two slices a step where each warp still gets one */
+    const int wide = FA_I_DEC(STEP) == 2 && SLICES % 2 == 0 && SLICES / 2 >= ks_count;
     const int group = p.heads_q / p.heads_kv, packed = group * p.seqlen_q;
     /* blockIdx.x: row block fastest (blocks of one kv head share its K/V in L2), then split */
     unsigned cta = blockIdx.x;
@@ -2814,66 +2902,14 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             if (pages && tp.sliced && next + 1 < n_end)
                 fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (next + 1) * BN, BN);
         }
-        for (j = ks; j < SLICES; j += ks_count) {
-            const int c0 = c_tile + 16 * j;
-            float s[2][4], alpha[2];
-            uint32_t pa[4];
-            fa_i_zero_acc(s, 2);
-#pragma unroll
-            for (i = 0; i < D / 16; ++i) { /* S = Q K^T over the slice */
-                uint32_t kb[4];
-                FA_I_LOAD_B_NK(kb, skt, LD, 16 * j, 16 * i);
-                fa_i_mma(s[0], qa[i], kb[0], kb[1], BF16);
-                fa_i_mma(s[1], qa[i], kb[2], kb[3], BF16);
-            }
-            if (p.softcap > 0.0f)
-#pragma unroll
-                for (i = 0; i < 2; ++i)
-#pragma unroll
-                    for (e = 0; e < 4; ++e) s[i][e] = fa_i_score(&p, s[i][e]);
-            if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + 16))
-#pragma unroll
-                for (i = 0; i < 2; ++i)
-#pragma unroll
-                    for (e = 0; e < 4; ++e) {
-                        const int col = c0 + 8 * i + 2 * (lane & 3) + (e & 1);
-                        if (col < lo[e >> 1] || col >= hi[e >> 1]) s[i][e] = -INFINITY;
-                    }
-#pragma unroll
-            for (e = 0; e < 2; ++e) { /* online softmax of row half e */
-                float mx = fmaxf(fmaxf(s[0][2 * e], s[0][2 * e + 1]), fmaxf(s[1][2 * e], s[1][2 * e + 1]));
-                float ref, sum = 0.0f;
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mx = fmaxf(m_run[e], mx * log2_scale);
-                ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
-                alpha[e] = fa_i_dev_exp2(m_run[e] - ref);
-                m_run[e] = mx;
-#pragma unroll
-                for (i = 0; i < 2; ++i) {
-                    s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));
-                    s[i][2 * e + 1] = fa_i_dev_exp2(fmaf(s[i][2 * e + 1], log2_scale, -ref));
-                    sum += s[i][2 * e] + s[i][2 * e + 1];
-                }
-                l_run[e] = l_run[e] * alpha[e] + sum;
-            }
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-#pragma unroll
-                for (i = 0; i < DW / 8; ++i) {
-                    o[i][0] *= alpha[0];
-                    o[i][1] *= alpha[0];
-                    o[i][2] *= alpha[1];
-                    o[i][3] *= alpha[1];
-                }
-            FA_I_ACC_AS_A(pa, s, 0);
-#pragma unroll
-            for (i = 0; i < DW / 16; ++i) { /* O += P V on this warp's columns */
-                uint32_t vb[4];
-                FA_I_LOAD_B_KN(vb, svt, LD, 16 * j, col0 + 16 * i);
-                fa_i_mma(o[2 * i], pa, vb[0], vb[1], BF16);
-                fa_i_mma(o[2 * i + 1], pa, vb[2], vb[3], BF16);
-            }
-        }
+        if (wide)
+            for (j = ks; j < SLICES / 2; j += ks_count)
+                FA_I_KNAME(fa_i_decode_step)(&p, 2, skt, svt, j, c_tile, qa, o, m_run, l_run, lo, hi,
+                                             all_lo, all_hi, log2_scale, col0);
+        else
+            for (j = ks; j < SLICES; j += ks_count)
+                FA_I_KNAME(fa_i_decode_step)(&p, 1, skt, svt, j, c_tile, qa, o, m_run, l_run, lo, hi,
+                                             all_lo, all_hi, log2_scale, col0);
     }
     FA_I_CP_ASYNC_WAIT(0);
 #pragma unroll
@@ -2952,12 +2988,12 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         }
     }
 }
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
 {
     FA_I_KNAME(fa_i_decode_body)(&p, a, 0);
 }
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _general)(const fa_params p, const fa_i_decode_args a)
 {
     FA_I_KNAME(fa_i_decode_body)(&p, a, 1);
@@ -3486,24 +3522,25 @@ static __device__ __forceinline__ void fa_i_bwd_rows(
     fa_i_async_tile(sq, (const uint16_t *)p->q + fa_i_dev_offset(&p->q_layout, b, h, 0),
                     p->q_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim, ld, tid, nthreads);
     fa_i_async_tile(sdo, (const uint16_t *)p->dout + fa_i_dev_offset(&p->dout_layout, b, h, 0),
-                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim, ld, tid, nthreads);
+                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim_v, ld, tid, nthreads);
     fa_i_bwd_row_facts(p, a, b, h, r0, slse, sdsum, slo, shi, bm, tid, nthreads);
 }
 
 /* A dK/dV kernel's first loads, one commit group: its K and V tiles (bn
-   keys from c0 of kv head hk, head dim d, pitch FA_I_BWD_KV_PITCH(d)) and,
+   keys from c0 of kv head hk, head dim d, V's first cols_v columns read,
+   pitch FA_I_BWD_KV_PITCH(d)) and,
    if it has steps, the first step's query side (bm rows from r0 of the
    group's first query head, pitch FA_I_BWD_Q_PITCH(d)). */
 static __device__ __forceinline__ void fa_i_bwd_first_loads(
     const fa_params *p, const fa_i_bwd_args *a, int b, int hk, int c0, int bn, int r0, int steps,
     uint16_t *sk, uint16_t *sv, uint16_t *sq, uint16_t *sdo, float *slse, float *sdsum, int *slo,
-    int *shi, int bm, int d, int tid, int nthreads)
+    int *shi, int bm, int d, int cols_v, int tid, int nthreads)
 {
     fa_i_async_tile(sk, (const uint16_t *)p->k + fa_i_dev_offset(&p->k_layout, b, hk, 0),
                     p->k_layout.seq, c0, p->seqlen_k, bn, d, p->head_dim, FA_I_BWD_KV_PITCH(d), tid,
                     nthreads);
     fa_i_async_tile(sv, (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0),
-                    p->v_layout.seq, c0, p->seqlen_k, bn, d, p->head_dim, FA_I_BWD_KV_PITCH(d), tid,
+                    p->v_layout.seq, c0, p->seqlen_k, bn, d, cols_v, FA_I_BWD_KV_PITCH(d), tid,
                     nthreads);
     if (steps > 0)
         fa_i_bwd_rows(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
@@ -3567,10 +3604,21 @@ static __device__ __forceinline__ void fa_i_fa3_bwd_load_rows(const fa_i_fa3_bwd
    step: the step's inputs are in, P and dS are written, and where Q or dO
    has a single stage, a third once it is free: its next load then hides
    behind the rest (double-buffered inputs load a step ahead). */
-/* Async copy of BM rows from r0 of head h of tensor q or dout into smem dst. */
-#define FA_I_BWD_LOAD(dst, tensor, h, r0)                                                       \
+/* Async copy of BM rows from r0 of head h of tensor q or dout (its first
+   cols columns) into smem dst. */
+#define FA_I_BWD_LOAD(dst, tensor, cols, h, r0)                                                 \
     fa_i_async_tile(dst, (const uint16_t *)p.tensor + fa_i_dev_offset(&p.tensor##_layout, b, h, 0), \
-                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, p.head_dim, LDQ, tid, NT)
+                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, cols, LDQ, tid, NT)
+/* V's columns: head_dim_v, but in the atomic mode's kernels on sm_90 and
+   later, where a count of V's own on its load spills (DESIGN.md, head dims);
+   there the backward with head_dim_v != head_dim runs on the FA3 kernel
+   (fa_i_plan_backward). Builds acting as a smaller device keep the count
+   (the tests run the pre-Hopper kernels' code on Hopper). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && FA_I_BWD_DQ && !defined(FA_I_TEST_SMEM_OPTIN)
+#define FA_I_BWD_COLS_V p.head_dim
+#else
+#define FA_I_BWD_COLS_V p.head_dim_v
+#endif
 /* Every element (i, j) of a warp's S or dP tiles, and its row (of the step's
    BM) and key (from the CTA's first). */
 #define FA_I_EACH_S(i, j)                                      \
@@ -3640,7 +3688,7 @@ static __global__ void __launch_bounds__(256, 1)
     fa_i_zero_acc(dv, KN / 16 * KD / 8);
 
     fa_i_bwd_first_loads(&p, &a, b, hk, c0, BN, (first / BM) * BM, steps, sk, sv, sq, sdo, slse,
-                         sdsum, slo, shi, BM, D, tid, NT);
+                         sdsum, slo, shi, BM, D, FA_I_BWD_COLS_V, tid, NT);
     for (t = 0; t < steps; ++t) {
         const int stage = t & 1, h = hk * group + sh, r0 = (first / BM + sb) * BM;
         const uint16_t *sqt = sq + (QS == 2 ? stage : 0) * BM * LDQ;
@@ -3657,8 +3705,8 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_bwd_row_facts(&p, &a, b, h_next, r_next, slse + (stage ^ 1) * BM,
                                sdsum + (stage ^ 1) * BM, slo + (stage ^ 1) * BM,
                                shi + (stage ^ 1) * BM, BM, tid, NT);
-            if (QS == 2) FA_I_BWD_LOAD(sq + (stage ^ 1) * BM * LDQ, q, h_next, r_next);
-            if (DOS == 2) FA_I_BWD_LOAD(sdo + (stage ^ 1) * BM * LDQ, dout, h_next, r_next);
+            if (QS == 2) FA_I_BWD_LOAD(sq + (stage ^ 1) * BM * LDQ, q, p.head_dim, h_next, r_next);
+            if (DOS == 2) FA_I_BWD_LOAD(sdo + (stage ^ 1) * BM * LDQ, dout, p.head_dim_v, h_next, r_next);
         }
         fa_i_cp_async_commit();
         { /* S = Q K^T and dP = dO V^T on this warp's tile, then P and dS to smem */
@@ -3696,15 +3744,15 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_warp_gemm(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot, LDQ, kv_col, 1, BF16);
         if (DOS == 1 && QS == 2) {
             __syncthreads();
-            if (t + 1 < steps) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
+            if (t + 1 < steps) FA_I_BWD_LOAD(sdo, dout, p.head_dim_v, h_next, r_next);
             fa_i_cp_async_commit();
         }
         fa_i_warp_gemm(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt, LDQ, kv_col, 1, BF16);
         if (QS == 1) {
             __syncthreads();
             if (t + 1 < steps) {
-                FA_I_BWD_LOAD(sq, q, h_next, r_next);
-                if (DOS == 1) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
+                FA_I_BWD_LOAD(sq, q, p.head_dim, h_next, r_next);
+                if (DOS == 1) FA_I_BWD_LOAD(sdo, dout, p.head_dim_v, h_next, r_next);
             }
             fa_i_cp_async_commit();
         }
@@ -3749,12 +3797,12 @@ static __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (i = 0; i < BN * (D / 8) / NT; ++i) {
             const int key = (i * NT + x) / (D / 8), col = 8 * ((i * NT + x) % (D / 8));
-            if (c0 + key < p.seqlen_k && col < p.head_dim) {
+            if (c0 + key < p.seqlen_k && col < p.head_dim)
                 *(uint4 *)(gdk + (int64_t)(c0 + key) * p.dk_layout.seq + col) =
                     *(const uint4 *)(sk + key * LDK + col);
+            if (c0 + key < p.seqlen_k && col < p.head_dim_v)
                 *(uint4 *)(gdv + (int64_t)(c0 + key) * p.dv_layout.seq + col) =
                     *(const uint4 *)(sv + key * LDK + col);
-            }
         }
     }
 #else
@@ -3766,6 +3814,7 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_S_KEY
 #undef FA_I_STORE_S
 #undef FA_I_BWD_LOAD
+#undef FA_I_BWD_COLS_V
 
 /* ======================================================================== */
 #undef FA_I_BWD
@@ -3816,7 +3865,7 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
     fa_i_async_tile(sq, (const uint16_t *)p.q + fa_i_dev_offset(&p.q_layout, b, h, 0),
                     p.q_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
     fa_i_async_tile(sdo, (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, 0),
-                    p.dout_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
+                    p.dout_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim_v, LD, tid, NT);
     if (n_first < n_end)
         fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, p.head_dim, p.head_dim_v, LD,
                       tid, NT);
@@ -4386,9 +4435,11 @@ static_assert(FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW) % 64 == 0 &&
                   FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) >= 2 &&
                   (FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) == 1 ||
                    FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) == 2) &&
-                  FA_I_D % (16 * FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW)) == 0,
+                  FA_I_D % (16 * FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW)) == 0 &&
+                  (FA_I_COL(DECODE, STEP, FA_I_DECODE_ROW) == 1 ||
+                   FA_I_COL(DECODE, STEP, FA_I_DECODE_ROW) == 2),
               "flashattn: decode KEYS must be a multiple of 64, STAGES at least 2, DSPLIT 1 "
-              "or 2 (dividing d into multiples of 16)");
+              "or 2 (dividing d into multiples of 16), STEP 1 or 2");
 static_assert(FA_I_DECODE_WARPS * (16 * FA_I_D / FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) + 32) * 4 <=
                   2 * 2 * FA_I_PITCH(FA_I_D) * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *
                       FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW),
@@ -5324,15 +5375,20 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
 #if FA_I_SM90
     if (!deterministic && fa_i_fa3_bwd_ready(&plan->p, &plan->k->fa3_bwd, &dev, &plan->fa3))
         plan->algorithm = 3;
-#else
-    (void)deterministic;
 #endif
-    /* The FA2 kernels' dO and V copies take Q's and K's column count: a
-       count of their own spilled the dK/dV kernel (DESIGN.md) */
-    if (plan->algorithm != 3 && plan->p.head_dim_v != plan->p.head_dim)
+    /* The FA2 atomic mode's dK/dV kernels for sm_90 read V with Q's column
+       count (FA_I_BWD_COLS_V): Hopper's atomic backward takes a V head dim
+       of its own on the FA3 kernel only (test builds acting as a smaller
+       device run the pre-Hopper rule) */
+#ifndef FA_I_TEST_SMEM_OPTIN
+    if (plan->algorithm != 3 && plan->p.head_dim_v != plan->p.head_dim && !deterministic &&
+        dev.major >= 9)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
-                         "head_dim_v %d != head_dim %d: the backward runs on the Hopper kernel "
-                         "only (atomic mode)", plan->p.head_dim_v, plan->p.head_dim);
+                         "head_dim_v %d != head_dim %d: on compute capability 9.0 and later the "
+                         "atomic-mode backward runs it on the FA3 kernels only (not in this "
+                         "build); the deterministic mode runs it",
+                         plan->p.head_dim_v, plan->p.head_dim);
+#endif
     return FA_OK;
 }
 

@@ -3023,6 +3023,7 @@ static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t 
    at least one). */
 #define FA_I_COMBINE_COLS 4
 #define FA_I_COMBINE_MANY_ROWS 65536
+#define FA_I_COMBINE_BATCH 8 /* parts a lane loads before it adds them */
 static __host__ __device__ __forceinline__ int fa_i_combine_chunks(int head_dim, int cols)
 {
     return (head_dim + 32 * cols - 1) / (32 * cols);
@@ -3068,15 +3069,29 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
         __syncwarp();
 #pragma unroll
         for (j = 0; j < FA_I_COMBINE_COLS; ++j) acc[j] = 0.0f;
-        for (i = 0; i < parts; ++i) {
-            sum += w[i];
-            if (w[i] > 0.0f)
+        /* FA_I_COMBINE_BATCH parts' loads issued back to back, then added
+           in part order: one part at a time waited on each load in turn */
+        for (i = 0; i < parts; i += FA_I_COMBINE_BATCH) {
+            float x[FA_I_COMBINE_BATCH][FA_I_COMBINE_COLS];
+            int u;
 #pragma unroll
-                for (j = 0; j < FA_I_COMBINE_COLS; ++j)
-                    if (j < a.cols && c + j < p.head_dim)
-                        acc[j] += w[i] * (i < p.num_parts
-                                              ? fa_i_load_any(a.o[i], at + j, p.part_dtype)
-                                              : fa_i_load_any(p.o, to + j, p.dtype));
+            for (u = 0; u < FA_I_COMBINE_BATCH; ++u)
+#pragma unroll
+                for (j = 0; j < FA_I_COMBINE_COLS; ++j) {
+                    const int part = i + u;
+                    x[u][j] = 0.0f;
+                    if (part < parts && w[part] > 0.0f && j < a.cols && c + j < p.head_dim)
+                        x[u][j] = part < p.num_parts
+                                      ? fa_i_load_any(a.o[part], at + j, p.part_dtype)
+                                      : fa_i_load_any(p.o, to + j, p.dtype);
+                }
+#pragma unroll
+            for (u = 0; u < FA_I_COMBINE_BATCH && i + u < parts; ++u) {
+                sum += w[i + u];
+                if (w[i + u] > 0.0f)
+#pragma unroll
+                    for (j = 0; j < FA_I_COMBINE_COLS; ++j) acc[j] += w[i + u] * x[u][j];
+            }
         }
 #pragma unroll
         for (j = 0; j < FA_I_COMBINE_COLS; ++j) {

@@ -667,6 +667,21 @@ static __device__ __forceinline__ void fa_i_red_add4(float *p, float4 v)
     atomicAdd(p + 3, v.w);
 #endif
 }
+/* Programmatic dependent launch (fa_i_launch_ex): a CTA lets the stream's
+   next kernel be scheduled; that kernel waits for this one's writes. Both
+   are no-ops before sm_90 and for kernels launched without the attribute. */
+static __device__ __forceinline__ void fa_i_launch_dependents(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+static __device__ __forceinline__ void fa_i_wait_prerequisites(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 /* Zeroes n mma.sync accumulator tiles. */
 static __device__ __forceinline__ void fa_i_zero_acc(float (*c)[4], int n)
 {
@@ -2828,6 +2843,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         general && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
     fa_i_tile_pages tp; /* table NULL: dense rows */
     const int cols_k = general ? p.head_dim : D, cols_v = general ? p.head_dim_v : D;
+    fa_i_launch_dependents(); /* the combine, early where launched so: it waits for the parts */
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, pages ? 0 : b, hk, 0);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
@@ -3047,6 +3063,7 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
     float *w = weights[warp], mx = -INFINITY, sum = 0.0f, acc[FA_I_COMBINE_COLS];
     int64_t lse_at = 0;
     int h, n, b, i, j;
+    fa_i_wait_prerequisites(); /* the parts' writer (decode's splits) is done */
     if (live) {
         if (row <= 0x7fffffff) { /* 32-bit divisions: 64-bit ones are calls */
             const uint32_t r = (uint32_t)row, hn = r / (uint32_t)p.heads;
@@ -4934,11 +4951,17 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, int dete
     return FA_OK;
 }
 
-/* Launches kernel(*params, *extra) with the dynamic shared memory raised as needed. */
-static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t smem,
-                             cudaStream_t stream, const void *params, void *extra)
+/* Launches kernel(*params, *extra) with the dynamic shared memory raised as
+   needed. early (compute capability 9.0 and later): a programmatic
+   dependent launch, scheduled while the stream's previous kernel finishes
+   (once its CTAs say griddepcontrol.launch_dependents); the kernel waits in
+   griddepcontrol.wait before it reads what that one wrote. */
+static fa_status fa_i_launch_ex(const void *kernel, dim3 grid, int threads, size_t smem,
+                                cudaStream_t stream, const void *params, void *extra, int early)
 {
     void *args[2];
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attr = {};
     cudaError_t e;
     args[0] = (void *)params;
     args[1] = extra;
@@ -4946,10 +4969,21 @@ static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t 
         (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem)) != cudaSuccess)
         return fa_i_cuda_error(e, "cudaFuncSetAttribute");
-    if ((e = cudaLaunchKernel(kernel, grid, dim3(threads), args, smem, stream)) != cudaSuccess)
-        return fa_i_cuda_error(e, "cudaLaunchKernel");
+    config.gridDim = grid, config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem, config.stream = stream;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attr, config.numAttrs = early ? 1 : 0;
+    if ((e = cudaLaunchKernelExC(&config, kernel, args)) != cudaSuccess)
+        return fa_i_cuda_error(e, "cudaLaunchKernelExC");
     if ((e = cudaGetLastError()) != cudaSuccess) return fa_i_cuda_error(e, "kernel launch");
     return FA_OK;
+}
+
+static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t smem,
+                             cudaStream_t stream, const void *params, void *extra)
+{
+    return fa_i_launch_ex(kernel, grid, threads, smem, stream, params, extra, 0);
 }
 
 static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
@@ -5072,6 +5106,7 @@ typedef struct fa_i_forward_plan {
     size_t workspace; /* bytes it needs */
     fa_i_decode_args decode; /* decode only: its launch, CTAs decode_ctas */
     int64_t decode_ctas;
+    int early_combine;       /* decode: its combine a programmatic dependent launch (9.0+) */
 #if FA_I_SM90
     const fa_i_kernel *fa3; /* FA3 only: the tile variant, its maps and grid */
     fa_i_tma_maps maps;
@@ -5116,6 +5151,7 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     plan->decode_ctas = base * a->splits;
     if (plan->decode_ctas > 0x7fffffff)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "%lld decode CTAs", (long long)plan->decode_ctas);
+    plan->early_combine = dev->major >= 9;
     plan->algorithm = 4;
     *taken = 1;
     return FA_OK;
@@ -5180,18 +5216,20 @@ FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.workspace : 0;
 }
 
-/* Launches fa_i_combine over a resolved merge whose parts are args. */
+/* Launches fa_i_combine over a resolved merge whose parts are args; early:
+   as a programmatic dependent launch (fa_i_launch_ex) after the kernel that
+   writes the parts. */
 static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_args *args,
-                                     cudaStream_t stream)
+                                     cudaStream_t stream, int early)
 {
     const int64_t rows = (int64_t)c->batch * c->heads * c->seqlen;
     /* a warp per 32 columns where rows are few (decode's splits: spread
        them over the SMs), a lane per 4 columns where they are many (long
        chunks: fewer warps, each its LSEs once) */
     args->cols = rows >= FA_I_COMBINE_MANY_ROWS ? FA_I_COMBINE_COLS : 1;
-    return fa_i_launch((const void *)fa_i_combine,
-                       dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim, args->cols))),
-                       FA_I_COMBINE_THREADS, 0, stream, c, args);
+    return fa_i_launch_ex((const void *)fa_i_combine,
+                          dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim, args->cols))),
+                          FA_I_COMBINE_THREADS, 0, stream, c, args, early);
 }
 
 /* fa_i_fwd_decode, then fa_i_combine of its splits (parts at workspace). */
@@ -5225,7 +5263,7 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
             parts.o[i] = a->o_part + i * a->part_floats;
             parts.lse[i] = a->lse_part + i * a->lse_floats;
         }
-        s = fa_i_launch_combine(&c, &parts, stream);
+        s = fa_i_launch_combine(&c, &parts, stream, plan->early_combine);
     }
     return s;
 }
@@ -5312,7 +5350,7 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t s
         parts.o[i] = c.o_parts[i];
         parts.lse[i] = c.lse_parts[i];
     }
-    return fa_i_launch_combine(&c, &parts, stream);
+    return fa_i_launch_combine(&c, &parts, stream, 0);
 }
 
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)

@@ -2729,8 +2729,8 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    call), keys c_tile + 16 w j ...: S = Q K^T, softcap, mask, the online
    softmax, O[:, its columns] += P V. Two slices a step give the warp two
    independent S chains and one softmax pass over 32 keys: where a warp owns
-   a whole row tile (many packed rows) it is the only warp of its scheduler
-   and its chain's latency is the kernel's time. */
+   a whole row tile (many packed rows) it runs every slice of each tile in
+   one dependent chain, with one other warp on its scheduler to hide it. */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
     const fa_params *p, const int w, const uint16_t *skt, const uint16_t *svt, const int j,
     const int c_tile, const uint32_t (*qa)[4], float (*o)[4], float *m_run, float *l_run,

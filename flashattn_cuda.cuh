@@ -1269,8 +1269,9 @@ static __device__ __forceinline__ void fa_i_tile_pages_at(fa_i_tile_pages *tp, i
    loop and holds them in registers, which spills the 64-key tiles.
    With tp (a paged cache, fa_i_tile_pages), row c is row c % page_size of
    page pages[c / page_size], pages page_stride elements apart from g; a
-   sliced tile needs step <= 32 (a pass's row then lies in slice
-   pass step / 16, or the next one). Columns from `cols` (the problem's head
+   sliced tile's first pass in each slice takes its address from the
+   slice's page, the passes after it walk on (step <= 32: a pass's row
+   lies in slice pass step / 16, or the next one). Columns from `cols` (the problem's head
    dim, a multiple of 8, where it is below the tile's d) are zero-filled,
    read from nowhere. */
 static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
@@ -1282,7 +1283,7 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
     const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
     const int swizzled = ld % 64 == 0;
     int r, x0, pass, c, chunk0;
-    const uint16_t *src;
+    const uint16_t *src, *walk = g; /* walk: a sliced tile's rows */
     asm volatile("" : "+r"(tid));
     r = tid / tpr;
     chunk0 = tid % tpr;
@@ -1293,18 +1294,20 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
             const int valid = row0 + r < rows, x = swizzled ? x0 ^ (pass * step & 7) : x0;
-            const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
             const unsigned c_row = (unsigned)(row0 + r);
-            const uint16_t *from =
-                !valid ? g /* a row past the end reads nothing */
-                : !tp || !tp->table ? src
-                : tp->sliced
-                    ? g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
-                          (int64_t)((next ? tp->in_page[s + 1] : tp->in_page[s]) + (r & 15)) *
-                              stride +
-                          (tid % tpr) * 8
-                    : g + tp->table[c_row / page_size] * page_stride +
-                          (int64_t)(c_row % page_size) * stride + (tid % tpr) * 8;
+            const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
+            const uint16_t *from, *in_slice =
+                !tp || !tp->table ? g
+                : g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
+                      (int64_t)((next ? tp->in_page[s + 1] : tp->in_page[s]) + (r & 15)) * stride +
+                      (tid % tpr) * 8;
+            if (step < 16 && tp && tp->table && tp->sliced) /* the slice's passes walk on */
+                walk = pass * step % 16 == 0 ? in_slice : walk + step * stride;
+            from = !valid ? g /* a row past the end reads nothing */
+                   : !tp || !tp->table ? src
+                   : tp->sliced        ? (step < 16 ? walk : in_slice)
+                                       : g + tp->table[c_row / page_size] * page_stride +
+                                      (int64_t)(c_row % page_size) * stride + (tid % tpr) * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {
                 const int there = valid && 8 * (chunk0 + c * tpr) < cols;
@@ -2889,6 +2892,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     /* the ring's first tiles, a commit group each; a sliced paged tile's
        pages are looked up a tile ahead of its copy (in the key loop, during
        the previous tile's products) */
+#pragma unroll
     for (i = 0; i < STAGES; ++i) {
         if (pages && tp.sliced)
             fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (n_begin + i) * BN, BN);

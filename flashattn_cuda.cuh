@@ -5394,21 +5394,6 @@ static size_t fa_i_bwd_own_bytes(const fa_params *p, int deterministic, int acc_
                             (deterministic ? 0 : fa_i_dq_acc_floats(p, acc_d)));
 }
 
-FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
-{
-    fa_params p;
-    size_t dq_bytes, dk_bytes;
-    fa_i_seq_call call;
-    const fa_i_kernels *k = NULL;
-    fa_i_device dev;
-    if (FA_I_BY_SEQUENCE(params))
-        return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
-                                                                                          : 0;
-    if (fa_i_cuda_check(params, FA_PASS_BACKWARD, deterministic, &p, &k, &dev) != FA_OK) return 0;
-    return fa_i_bwd_own_bytes(&p, deterministic, k->head_dim) +
-           fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
-}
-
 /* A validated backward and the kernels that run it. */
 typedef struct fa_i_backward_plan {
     fa_params p; /* resolved */
@@ -5447,6 +5432,19 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
                          plan->p.head_dim_v, plan->p.head_dim);
 #endif
     return FA_OK;
+}
+
+FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
+{
+    fa_i_backward_plan plan;
+    size_t dq_bytes, dk_bytes;
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params))
+        return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
+                                                                                          : 0;
+    if (fa_i_plan_backward(params, deterministic, &plan) != FA_OK) return 0;
+    return fa_i_bwd_own_bytes(&plan.p, deterministic, plan.k->head_dim) +
+           fa_i_grad_stage_bytes(&plan.p, &dq_bytes, &dk_bytes);
 }
 
 FA_API int fa_cuda_backward_algorithm(const fa_params *params, int deterministic)
@@ -5502,7 +5500,6 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     const fa_i_kernels *k = NULL;
     fa_i_bwd_args a;
     fa_params caller, staged;
-    fa_i_device dev;
     int64_t rows;
     size_t need, own, dq_bytes, dk_bytes;
     fa_status s;
@@ -5515,8 +5512,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     }
     /* accumulate_grads, grads_f32: the kernels write the gradients to the
        workspace in the dtype, then fa_i_bwd_grads_out takes them out */
-    if ((s = fa_i_cuda_check(params, FA_PASS_BACKWARD, deterministic, &caller, &k, &dev)) != FA_OK)
-        return s;
+    if ((s = fa_i_plan_backward(params, deterministic, &plan)) != FA_OK) return s;
+    caller = plan.p, k = plan.k;
     own = fa_i_bwd_own_bytes(&caller, deterministic, k->head_dim);
     need = own + fa_i_grad_stage_bytes(&caller, &dq_bytes, &dk_bytes);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)

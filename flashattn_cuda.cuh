@@ -2258,11 +2258,11 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_kv_tile)(
     int hk, int b, uint32_t bar, uint64_t policy)
 {
     enum { BN = FA_I_FA3_BN, CE = FA_I_FA3_CE, RB = FA_I_FA3_RB, CHUNKS = FA_I_D / CE };
-    int c, j;
+    int c;
 #if !FA_I_FP8 /* paged caches are 16-bit */
     if (maps->pages) {
         const int r = maps->box_rows, boxes = BN / r;
-        int page[BN / 16];
+        int page[BN / 16], j;
 #pragma unroll
         for (j = 0; j < BN / 16; ++j) {
             const int key = n * BN + j * r;

@@ -5026,9 +5026,13 @@ static fa_status fa_i_launch_ex(const void *kernel, dim3 grid, int threads, size
     config.dynamicSmemBytes = smem, config.stream = stream;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attr, config.numAttrs = early ? 1 : 0;
-    if ((e = cudaLaunchKernelExC(&config, kernel, args)) != cudaSuccess)
-        return fa_i_cuda_error(e, "cudaLaunchKernelExC");
+    config.attrs = &attr, config.numAttrs = 1;
+    /* the plain launch where nothing is early: it reports a bad stream as
+       an error, where cudaLaunchKernelExC was seen to crash on one */
+    if ((e = early ? cudaLaunchKernelExC(&config, kernel, args)
+                   : cudaLaunchKernel(kernel, grid, dim3(threads), args, smem, stream)) !=
+        cudaSuccess)
+        return fa_i_cuda_error(e, early ? "cudaLaunchKernelExC" : "cudaLaunchKernel");
     if ((e = cudaGetLastError()) != cudaSuccess) return fa_i_cuda_error(e, "kernel launch");
     return FA_OK;
 }
@@ -5782,21 +5786,25 @@ static int fa_i_paged_tail_rows(const fa_params *p) { return p->page_size < 256 
    kernel reading K and V from their pages (fa_i_tma_maps): boxes of the
    largest multiple of 16 dividing the key tile and the page, the keys past
    the last whole box copied to the workspace at tail first. */
-static fa_status fa_i_paged_fa3(const fa_params *p, fa_params *seq, const int32_t *pages,
-                                char *tail, cudaStream_t stream)
+static fa_status fa_i_paged_fa3(const fa_params *p, fa_params *seq, const fa_i_kernels *kernels,
+                                const fa_i_device *dev, const int32_t *pages, char *tail,
+                                cudaStream_t stream)
 {
 #if FA_I_SM90
-    fa_i_forward_plan plan;
-    fa_i_tma_maps *m = &plan.maps;
+    /* seq was checked as part of p, and is not re-checked: its K and V rows
+       are not where its layouts say (a check would see seqlen_k rows at
+       tail, overlapping whatever lies past the workspace) */
+    const fa_i_kernel *fa3 = fa_i_fa3_pick(seq, kernels);
+    fa_i_tma_maps maps, *m = &maps;
     const int nk = seq->seqlen_k, hk = p->heads_kv;
-    int r, a, rest, full;
+    int ctas, r, a, rest, full;
     fa_status s;
     seq->k = tail;
     seq->v = tail + fa_dtype_size(p->dtype) * fa_i_paged_tail_rows(p) * hk * p->head_dim;
-    if ((s = fa_i_plan_forward(seq, 0, &plan)) != FA_OK) return s;
-    if (plan.algorithm != 3)
+    fa_i_bottom_right(seq); /* what resolving seq would write */
+    if (!fa_i_fa3_ready(seq, fa3, dev, &maps, &ctas))
         return fa_i_fail(FA_ERR_UNSUPPORTED, "a paged sequence's tensor maps were refused");
-    for (a = plan.fa3->keys, r = p->page_size; r; rest = a % r, a = r, r = rest) {
+    for (a = fa3->keys, r = p->page_size; r; rest = a % r, a = r, r = rest) {
     }
     full = nk / a * a;
     m->pages = pages, m->page_size = p->page_size, m->box_rows = a;
@@ -5815,10 +5823,9 @@ static fa_status fa_i_paged_fa3(const fa_params *p, fa_params *seq, const int32_
         (s = fa_i_page_copy(p, 1, pages, NULL, (void *)seq->v, &seq->v_layout, 1, full, nk - full,
                             stream)) != FA_OK)
         return s;
-    return fa_i_launch(plan.fa3->fn, dim3(plan.ctas), plan.fa3->threads, plan.fa3->smem, stream,
-                       &plan.p, &plan.maps);
+    return fa_i_launch(fa3->fn, dim3(ctas), fa3->threads, fa3->smem, stream, seq, &maps);
 #else
-    (void)p, (void)seq, (void)pages, (void)tail, (void)stream;
+    (void)p, (void)seq, (void)kernels, (void)dev, (void)pages, (void)tail, (void)stream;
     return fa_i_fail(FA_ERR_UNSUPPORTED, "paged FA3: not in this build");
 #endif
 }
@@ -5909,7 +5916,8 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
         seq.block_table = NULL, seq.cache_seqlens = NULL;
         seq.k_new = seq.v_new = NULL, seq.seqlen_new = 0;
         if (in_pages) {
-            s = fa_i_paged_fa3(p, &seq, table_dev + (size_t)b * p->max_pages, rest, call->stream);
+            s = fa_i_paged_fa3(p, &seq, plan.k, &dev, table_dev + (size_t)b * p->max_pages, rest,
+                               call->stream);
             continue;
         }
         seq.k = rest, seq.v = rest + (size_t)es * nk * p->heads_kv * p->head_dim;

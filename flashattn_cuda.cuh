@@ -2246,28 +2246,40 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_packed)(
 }
 #endif /* !FA_I_FP8 */
 
+/* A paged cache's page entries for key tile n's boxes (fa_i_tma_maps), one
+   per box that lies before full_keys. Loaded before the producer waits for
+   the tile's ring stage, so the loads' latency passes during that wait, and
+   used by both K and V. */
+static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_tile_pages)(
+    const fa_i_tma_maps *maps, int n, int *page)
+{
+    enum { BN = FA_I_FA3_BN };
+    int j;
+#pragma unroll
+    for (j = 0; j < BN / 16; ++j) {
+        const int key = n * BN + j * maps->box_rows;
+        page[j] = j < BN / maps->box_rows && key < maps->full_keys
+                      ? maps->pages[key / maps->page_size]
+                      : 0;
+    }
+}
+
 /* Key tile n of K or V (map, or a paged cache's map and tail) into the ring
    stage at dst, completing on bar: a box of BN rows per 64-element chunk,
-   or in a paged cache BN / box_rows boxes a chunk, each from its page (the
-   tile's page entries loaded together first, so their latencies overlap)
-   or, past full_keys, from the tail map. A box's rows land box_rows * RB
-   bytes apart, whole 8-row swizzle atoms, as one BN-row box would place
-   them. */
+   or in a paged cache BN / box_rows boxes a chunk, each from its page
+   (page: fa_i_fa3_tile_pages) or, past full_keys, from the tail map. A
+   box's rows land box_rows * RB bytes apart, whole 8-row swizzle atoms, as
+   one BN-row box would place them. */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_kv_tile)(
-    const fa_i_tma_maps *maps, const CUtensorMap *map, const CUtensorMap *tail, uint32_t dst, int n,
-    int hk, int b, uint32_t bar, uint64_t policy)
+    const fa_i_tma_maps *maps, const CUtensorMap *map, const CUtensorMap *tail, const int *page,
+    uint32_t dst, int n, int hk, int b, uint32_t bar, uint64_t policy)
 {
     enum { BN = FA_I_FA3_BN, CE = FA_I_FA3_CE, RB = FA_I_FA3_RB, CHUNKS = FA_I_D / CE };
     int c;
 #if !FA_I_FP8 /* paged caches are 16-bit */
     if (maps->pages) {
         const int r = maps->box_rows, boxes = BN / r;
-        int page[BN / 16], j;
-#pragma unroll
-        for (j = 0; j < BN / 16; ++j) {
-            const int key = n * BN + j * r;
-            page[j] = j < boxes && key < maps->full_keys ? maps->pages[key / maps->page_size] : 0;
-        }
+        int j;
 #pragma unroll
         for (j = 0; j < BN / 16; ++j) {
             const int key = n * BN + j * r, paged = key < maps->full_keys;
@@ -2282,6 +2294,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_kv_tile)(
         }
         return;
     }
+#else
+    (void)page;
 #endif
     for (c = 0; c < CHUNKS; ++c) fa_i_tma_load(dst + c * BN * RB, map, CE * c, n * BN, hk, b, bar, policy);
 }
@@ -2324,11 +2338,15 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
             const int st = r.stage, o_there = (staged >> st) & 1;
+            int page[BN / 16];
+#if !FA_I_FP8
+            if (maps->pages) FA_I_KNAME_V(fa_i_fa3_tile_pages)(maps, n, page);
+#endif
             fa_i_mbar_wait(L->k_empty + 8 * st, r.phase ^ 1);
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
             fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
-            FA_I_KNAME_V(fa_i_fa3_kv_tile)(maps, &maps->k, &maps->k_tail, L->sk + st * TILE, n, hk,
-                                           b, L->k_full + 8 * st, reused);
+            FA_I_KNAME_V(fa_i_fa3_kv_tile)(maps, &maps->k, &maps->k_tail, page, L->sk + st * TILE,
+                                           n, hk, b, L->k_full + 8 * st, reused);
             fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
             if (o_there) {
                 fa_i_mbar_wait(L->o_read + 8 * (STAGES + st), (o_parity >> st) & 1);
@@ -2338,8 +2356,9 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             {
                 const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
                 fa_i_mbar_expect_tx(full, TILE);
-                FA_I_KNAME_V(fa_i_fa3_kv_tile)(maps, &maps->v, &maps->v_tail,
-                                               FA_I_FA3_V_IN(L) + st * TILE, n, hk, b, full, reused);
+                FA_I_KNAME_V(fa_i_fa3_kv_tile)(maps, &maps->v, &maps->v_tail, page,
+                                               FA_I_FA3_V_IN(L) + st * TILE, n, hk, b, full,
+                                               reused);
             }
         }
         if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)

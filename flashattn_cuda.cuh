@@ -28,10 +28,8 @@
                2-D copies (>> host, at the end).
      paged     the block table copied into the workspace, k_new/v_new
                appended by a copy kernel; seqlen_q <= 16 on the decode
-               kernel reading the pages in place, longer query chunks per
-               sequence on the FA3 kernel reading them in place too (TMA
-               boxes per page, Hopper) or gathered and run dense (>> host,
-               at the end).
+               kernel reading the pages in place, longer query chunks
+               gathered per sequence and run dense (>> host, at the end).
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
    other multiples of 8 up to 256 run on a larger head dim's kernels, the
    columns past d zero-filled on load and never stored (fa_i_find_kernels).
@@ -617,18 +615,9 @@ typedef struct fa_i_grad_out {
 
 #if FA_I_SM90
 /* The FA3 forward's tensor maps {d, seq, head, batch}; each box is 64
-   elements (128 bytes, one swizzle row) of the head dim by a tile's rows.
-   A paged cache (pages non-NULL: one sequence's block table entries): k and
-   v are maps {d, page_size, head, page} with boxes of box_rows keys (a
-   multiple of 16 dividing both the key tile and the page); the keys past
-   the last whole box, full_keys, come from k_tail and v_tail, a copy of
-   those tail_keys rows in the workspace whose map ends with them (TMA
-   fills the rest of that box, and the boxes past it, with zeros: a cache's
-   rows past a sequence's length are never read). */
+   elements (128 bytes, one swizzle row) of the head dim by a tile's rows. */
 typedef struct fa_i_tma_maps {
-    CUtensorMap q, k, v, o, k_tail, v_tail;
-    const int32_t *pages;
-    int page_size, box_rows, full_keys, tail_keys;
+    CUtensorMap q, k, v, o;
 } fa_i_tma_maps;
 
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
@@ -2246,60 +2235,6 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_packed)(
 }
 #endif /* !FA_I_FP8 */
 
-/* A paged cache's page entries for key tile n's boxes (fa_i_tma_maps), one
-   per box that lies before full_keys. Loaded before the producer waits for
-   the tile's ring stage, so the loads' latency passes during that wait, and
-   used by both K and V. */
-static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_tile_pages)(
-    const fa_i_tma_maps *maps, int n, int *page)
-{
-    enum { BN = FA_I_FA3_BN };
-    int j;
-#pragma unroll
-    for (j = 0; j < BN / 16; ++j) {
-        const int key = n * BN + j * maps->box_rows;
-        page[j] = j < BN / maps->box_rows && key < maps->full_keys
-                      ? maps->pages[key / maps->page_size]
-                      : 0;
-    }
-}
-
-/* Key tile n of K or V (map, or a paged cache's map and tail) into the ring
-   stage at dst, completing on bar: a box of BN rows per 64-element chunk,
-   or in a paged cache BN / box_rows boxes a chunk, each from its page
-   (page: fa_i_fa3_tile_pages) or, past full_keys, from the tail map. A
-   box's rows land box_rows * RB bytes apart, whole 8-row swizzle atoms, as
-   one BN-row box would place them. */
-static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_kv_tile)(
-    const fa_i_tma_maps *maps, const CUtensorMap *map, const CUtensorMap *tail, const int *page,
-    uint32_t dst, int n, int hk, int b, uint32_t bar, uint64_t policy)
-{
-    enum { BN = FA_I_FA3_BN, CE = FA_I_FA3_CE, RB = FA_I_FA3_RB, CHUNKS = FA_I_D / CE };
-    int c;
-#if !FA_I_FP8 /* paged caches are 16-bit */
-    if (maps->pages) {
-        const int r = maps->box_rows, boxes = BN / r;
-        int j;
-#pragma unroll
-        for (j = 0; j < BN / 16; ++j) {
-            const int key = n * BN + j * r, paged = key < maps->full_keys;
-            /* the tail box at row 0, boxes past it wholly out of range */
-            const int row = paged ? key % maps->page_size
-                            : key == maps->full_keys && maps->tail_keys ? 0
-                                                                        : -r;
-            if (j >= boxes) break;
-            for (c = 0; c < CHUNKS; ++c)
-                fa_i_tma_load(dst + c * BN * RB + j * r * RB, paged ? map : tail, CE * c, row, hk,
-                              paged ? page[j] : 0, bar, policy);
-        }
-        return;
-    }
-#else
-    (void)page;
-#endif
-    for (c = 0; c < CHUNKS; ++c) fa_i_tma_load(dst + c * BN * RB, map, CE * c, n * BN, hk, b, bar, policy);
-}
-
 /* The producer thread: each tile's Q, then the key tiles that any of its
    rows sees, into the ring; with O staged in the ring (no O_APART), a
    stage holding a staged O is reloaded only once its TMA store has read it. */
@@ -2338,15 +2273,12 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
             const int st = r.stage, o_there = (staged >> st) & 1;
-            int page[BN / 16];
-#if !FA_I_FP8
-            if (maps->pages) FA_I_KNAME_V(fa_i_fa3_tile_pages)(maps, n, page);
-#endif
             fa_i_mbar_wait(L->k_empty + 8 * st, r.phase ^ 1);
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
             fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
-            FA_I_KNAME_V(fa_i_fa3_kv_tile)(maps, &maps->k, &maps->k_tail, page, L->sk + st * TILE,
-                                           n, hk, b, L->k_full + 8 * st, reused);
+            for (c = 0; c < CHUNKS; ++c)
+                fa_i_tma_load(L->sk + st * TILE + c * BN * RB, &maps->k, CE * c, n * BN, hk, b,
+                              L->k_full + 8 * st, reused);
             fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
             if (o_there) {
                 fa_i_mbar_wait(L->o_read + 8 * (STAGES + st), (o_parity >> st) & 1);
@@ -2356,9 +2288,9 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             {
                 const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
                 fa_i_mbar_expect_tx(full, TILE);
-                FA_I_KNAME_V(fa_i_fa3_kv_tile)(maps, &maps->v, &maps->v_tail, page,
-                                               FA_I_FA3_V_IN(L) + st * TILE, n, hk, b, full,
-                                               reused);
+                for (c = 0; c < CHUNKS; ++c)
+                    fa_i_tma_load(FA_I_FA3_V_IN(L) + st * TILE + c * BN * RB, &maps->v, CE * c,
+                                  n * BN, hk, b, full, reused);
             }
         }
         if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
@@ -3221,9 +3153,9 @@ static __global__ void fa_i_fill_rows(const fa_i_fill_args a)
 
 /* Rows between a paged cache and dense tensors, 16 bytes a thread: the
    append (to_pages: rows [0, rows) of dense sequence b into its cache rows
-   start[b] + ...) and the gather of a sequence's cache rows first .. first
-   + rows - 1 into dense rows in the workspace (start NULL). table: the
-   workspace's copy of the block table, entries checked on the host. */
+   start[b] + ...) and the gather of a sequence's first `rows` cache rows
+   into dense rows in the workspace (start NULL). table: the workspace's copy
+   of the block table, entries checked on the host. */
 typedef struct fa_i_page_rows_args {
     char *cache;
     fa_layout cache_l; /* batch: the page stride */
@@ -3231,7 +3163,7 @@ typedef struct fa_i_page_rows_args {
     int max_pages, page_size;
     char *dense;
     fa_layout dense_l;
-    int batch, first, rows, heads, chunks, elem_bytes, to_pages;
+    int batch, rows, heads, chunks, elem_bytes, to_pages;
 } fa_i_page_rows_args;
 
 static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
@@ -3240,7 +3172,7 @@ static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
     const int c = (int)(t % a.chunks), h = (int)((t /= a.chunks) % a.heads);
     const int r = (int)((t /= a.heads) % a.rows), b = (int)(t / a.rows);
     if (b >= a.batch) return;
-    const int row = (a.start ? a.start[b] : a.first) + r;
+    const int row = (a.start ? a.start[b] : 0) + r;
     const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
     const int64_t at =
         fa_i_dev_offset(&a.cache_l, 0, h, row % a.page_size) + page * a.cache_l.batch;
@@ -5068,7 +5000,7 @@ static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); 
 /* A 4-D tensor map {d, seq, head, batch} of a tensor of `dtype` with boxes
    of one swizzled row (64 16-bit elements, 128-byte swizzle; fp8: min(d, 128)
    bytes, 128- or 64-byte swizzle) by box_rows; 0 if the driver refuses it. */
-static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, int batch,
+static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, const fa_params *p,
                         fa_dtype dtype, int cols, int seqlen, int heads, int box_rows)
 {
     void *encode = NULL;
@@ -5076,7 +5008,7 @@ static int fa_i_tma_map(CUtensorMap *map, const void *ptr, const fa_layout *l, i
     const int fp8 = dtype == FA_DTYPE_FP8_E4M3, e = fp8 ? 1 : 2;
     const int inner = fp8 ? (cols < 128 ? cols : 128) : 64;
     const cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)seqlen, (cuuint64_t)heads,
-                                (cuuint64_t)batch};
+                                (cuuint64_t)p->batch};
     const cuuint64_t strides[3] = {(cuuint64_t)(l->seq * e), (cuuint64_t)(l->head * e),
                                    (cuuint64_t)(l->batch * e)}; /* bytes, dims 1..3 */
     const cuuint32_t box[4] = {(cuuint32_t)inner, (cuuint32_t)box_rows, 1, 1}, unit[4] = {1, 1, 1, 1};
@@ -5116,14 +5048,10 @@ static int fa_i_fa3_ready(const fa_params *p, const fa_i_kernel *k, const fa_i_d
     if (!fa_i_fa3_compiled(k->fn, k->smem, dev)) return 0;
     pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->rows) * p->heads_q * p->batch + 1) / 2;
     *ctas = pairs < dev->sms ? (int)pairs : dev->sms;
-    maps->pages = NULL;
-    return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p->batch, p->dtype, d, p->seqlen_q, hq,
-                        k->rows) &&
-           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p->batch, p->dtype, d, p->seqlen_k, hk,
-                        k->keys) &&
-           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p->batch, p->dtype, dv, p->seqlen_k, hk,
-                        k->keys) &&
-           fa_i_tma_map(&maps->o, p->o, &p->o_layout, p->batch, p->o_dtype, dv, p->seqlen_q, hq, 64);
+    return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->dtype, d, p->seqlen_q, hq, k->rows) &&
+           fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->dtype, d, p->seqlen_k, hk, k->keys) &&
+           fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->dtype, dv, p->seqlen_k, hk, k->keys) &&
+           fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->o_dtype, dv, p->seqlen_q, hq, 64);
 }
 
 /* The same for the Hopper backward (atomic mode) and its tensor maps. */
@@ -5131,13 +5059,13 @@ static int fa_i_fa3_bwd_ready(const fa_params *p, const fa_i_kernel *k,
                               const fa_i_device *dev, fa_i_fa3_bwd_args *args)
 {
     return fa_i_fa3_compiled(k->fn, k->smem, dev) &&
-           fa_i_tma_map(&args->q, p->q, &p->q_layout, p->batch, p->dtype, p->head_dim, p->seqlen_q,
+           fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->dtype, p->head_dim, p->seqlen_q,
                         p->heads_q, 64) &&
-           fa_i_tma_map(&args->k, p->k, &p->k_layout, p->batch, p->dtype, p->head_dim, p->seqlen_k,
+           fa_i_tma_map(&args->k, p->k, &p->k_layout, p, p->dtype, p->head_dim, p->seqlen_k,
                         p->heads_kv, k->keys) &&
-           fa_i_tma_map(&args->v, p->v, &p->v_layout, p->batch, p->dtype, p->head_dim_v, p->seqlen_k,
+           fa_i_tma_map(&args->v, p->v, &p->v_layout, p, p->dtype, p->head_dim_v, p->seqlen_k,
                         p->heads_kv, k->keys) &&
-           fa_i_tma_map(&args->dout, p->dout, &p->dout_layout, p->batch, p->dtype, p->head_dim_v,
+           fa_i_tma_map(&args->dout, p->dout, &p->dout_layout, p, p->dtype, p->head_dim_v,
                         p->seqlen_q, p->heads_q, 64);
 }
 #endif
@@ -5773,13 +5701,13 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
    checked, then both arrays are copied into the workspace's start, where
    the kernels read them; k_new, v_new go into their pages (fa_i_page_rows);
    then the decode kernel reads the pages in place (seqlen_q <=
-   FA_I_DECODE_MAX_Q, its memory-bound case), or else each sequence runs as
-   a problem of batch 1: on Hopper the FA3 kernel reads the pages in place
-   too (page sizes that are multiples of 16; fa_i_paged_fa3), elsewhere its
-   keys are gathered into the workspace for the dense path's kernels. */
+   FA_I_DECODE_MAX_Q, its memory-bound case), or else each sequence's keys
+   are gathered into the workspace and run as a dense problem of batch 1 on
+   the dense path's kernels (a query chunk long enough that attending costs
+   more than the copy). */
 static fa_status fa_i_page_copy(const fa_params *p, int k_or_v, const int32_t *table,
                                 const int32_t *start, void *dense, const fa_layout *dense_l,
-                                int batch, int first, int rows, cudaStream_t stream)
+                                int batch, int rows, cudaStream_t stream)
 {
     fa_i_page_rows_args a;
     const int d = k_or_v ? p->head_dim_v : p->head_dim;
@@ -5788,7 +5716,7 @@ static fa_status fa_i_page_copy(const fa_params *p, int k_or_v, const int32_t *t
     a.cache_l = k_or_v ? p->v_layout : p->k_layout;
     a.table = table, a.start = start, a.max_pages = p->max_pages, a.page_size = p->page_size;
     a.dense = (char *)dense, a.dense_l = *dense_l;
-    a.batch = batch, a.first = first, a.rows = rows, a.heads = p->heads_kv;
+    a.batch = batch, a.rows = rows, a.heads = p->heads_kv;
     a.elem_bytes = (int)fa_dtype_size(p->dtype);
     a.chunks = d * a.elem_bytes / 16;
     a.to_pages = start != NULL;
@@ -5796,57 +5724,6 @@ static fa_status fa_i_page_copy(const fa_params *p, int k_or_v, const int32_t *t
     if (n <= 0) return FA_OK;
     return fa_i_launch((const void *)fa_i_page_rows, dim3(fa_i_blocks(n, 256)), 256, 0, stream, &a,
                        NULL);
-}
-
-/* The key rows a paged cache's tail takes in the workspace (the FA3 path). */
-static int fa_i_paged_tail_rows(const fa_params *p) { return p->page_size < 256 ? p->page_size : 256; }
-
-/* Sequence seq (a dense problem of batch 1 but for its keys) on the FA3
-   kernel reading K and V from their pages (fa_i_tma_maps): boxes of the
-   largest multiple of 16 dividing the key tile and the page, the keys past
-   the last whole box copied to the workspace at tail first. */
-static fa_status fa_i_paged_fa3(const fa_params *p, fa_params *seq, const fa_i_kernels *kernels,
-                                const fa_i_device *dev, const int32_t *pages, char *tail,
-                                cudaStream_t stream)
-{
-#if FA_I_SM90
-    /* seq was checked as part of p, and is not re-checked: its K and V rows
-       are not where its layouts say (a check would see seqlen_k rows at
-       tail, overlapping whatever lies past the workspace) */
-    const fa_i_kernel *fa3 = fa_i_fa3_pick(seq, kernels);
-    fa_i_tma_maps maps, *m = &maps;
-    const int nk = seq->seqlen_k, hk = p->heads_kv;
-    int ctas, r, a, rest, full;
-    fa_status s;
-    seq->k = tail;
-    seq->v = tail + fa_dtype_size(p->dtype) * fa_i_paged_tail_rows(p) * hk * p->head_dim;
-    fa_i_bottom_right(seq); /* what resolving seq would write */
-    if (!fa_i_fa3_ready(seq, fa3, dev, &maps, &ctas))
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "a paged sequence's tensor maps were refused");
-    for (a = fa3->keys, r = p->page_size; r; rest = a % r, a = r, r = rest) {
-    }
-    full = nk / a * a;
-    m->pages = pages, m->page_size = p->page_size, m->box_rows = a;
-    m->full_keys = full, m->tail_keys = nk - full;
-    if (!fa_i_tma_map(&m->k, p->k, &p->k_layout, p->num_pages, p->dtype, p->head_dim, p->page_size,
-                      hk, a) ||
-        !fa_i_tma_map(&m->v, p->v, &p->v_layout, p->num_pages, p->dtype, p->head_dim_v,
-                      p->page_size, hk, a) ||
-        !fa_i_tma_map(&m->k_tail, seq->k, &seq->k_layout, 1, p->dtype, p->head_dim,
-                      full < nk ? nk - full : 1, hk, a) ||
-        !fa_i_tma_map(&m->v_tail, seq->v, &seq->v_layout, 1, p->dtype, p->head_dim_v,
-                      full < nk ? nk - full : 1, hk, a))
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "a paged cache's tensor maps were refused");
-    if ((s = fa_i_page_copy(p, 0, pages, NULL, (void *)seq->k, &seq->k_layout, 1, full, nk - full,
-                            stream)) != FA_OK ||
-        (s = fa_i_page_copy(p, 1, pages, NULL, (void *)seq->v, &seq->v_layout, 1, full, nk - full,
-                            stream)) != FA_OK)
-        return s;
-    return fa_i_launch(fa3->fn, dim3(ctas), fa3->threads, fa3->smem, stream, seq, &maps);
-#else
-    (void)p, (void)seq, (void)kernels, (void)dev, (void)pages, (void)tail, (void)stream;
-    return fa_i_fail(FA_ERR_UNSUPPORTED, "paged FA3: not in this build");
-#endif
 }
 
 static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
@@ -5858,7 +5735,7 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     int32_t *table_dev, *seqlens_dev;
     char *rest;
     int64_t es;
-    int taken = 0, in_pages = 0, b;
+    int taken = 0, b;
     fa_status s = fa_i_cuda_check(params, call->pass, call->deterministic, p, &plan.k, &dev);
     cudaError_t e;
     if (s != FA_OK) return s;
@@ -5873,18 +5750,14 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
             : call->workspace_size > table_bytes ? call->workspace_size - table_bytes : 0;
     plan.workspace = 0;
     if ((s = fa_i_plan_decode(&plan, &dev, avail, &taken)) != FA_OK) return s;
-    if (!taken) {
+    if (!taken) { /* a dense K and V of the longest sequence */
+        plan.workspace = (size_t)es * p->seqlen_k * p->heads_kv * (p->head_dim + p->head_dim_v);
 #if FA_I_SM90
         plan.algorithm = fa_i_fa3_compiled(fa_i_fa3_pick(p, plan.k)->fn,
                                            fa_i_fa3_pick(p, plan.k)->smem, &dev) ? 3 : 2;
 #else
         plan.algorithm = 2;
 #endif
-        /* FA3 reads the pages (a tail of keys in the workspace); FA2 a dense K
-           and V of the longest sequence */
-        in_pages = plan.algorithm == 3 && p->page_size % 16 == 0;
-        plan.workspace = (size_t)es * (in_pages ? fa_i_paged_tail_rows(p) : p->seqlen_k) *
-                         p->heads_kv * (p->head_dim + p->head_dim_v);
     }
     call->need = table_bytes + plan.workspace;
     call->algorithm = plan.algorithm;
@@ -5903,9 +5776,9 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
         return fa_i_cuda_error(e, "cudaMemcpyAsync of the block table");
     if (p->seqlen_new > 0 &&
         ((s = fa_i_page_copy(p, 0, table_dev, seqlens_dev, (void *)p->k_new, &p->k_new_layout,
-                             p->batch, 0, p->seqlen_new, call->stream)) != FA_OK ||
+                             p->batch, p->seqlen_new, call->stream)) != FA_OK ||
          (s = fa_i_page_copy(p, 1, table_dev, seqlens_dev, (void *)p->v_new, &p->v_new_layout,
-                             p->batch, 0, p->seqlen_new, call->stream)) != FA_OK))
+                             p->batch, p->seqlen_new, call->stream)) != FA_OK))
         return s;
     if (taken) { /* the kernel reads the tables through p */
         p->block_table = table_dev, p->cache_seqlens = seqlens_dev;
@@ -5928,22 +5801,17 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
                               call->stream);
             continue;
         }
+        seq.k = rest, seq.v = rest + (size_t)es * nk * p->heads_kv * p->head_dim;
         seq.k_layout.head = p->head_dim, seq.k_layout.seq = (int64_t)p->heads_kv * p->head_dim;
         seq.k_layout.batch = nk * seq.k_layout.seq;
         seq.v_layout.head = p->head_dim_v, seq.v_layout.seq = (int64_t)p->heads_kv * p->head_dim_v;
         seq.v_layout.batch = nk * seq.v_layout.seq;
         seq.block_table = NULL, seq.cache_seqlens = NULL;
         seq.k_new = seq.v_new = NULL, seq.seqlen_new = 0;
-        if (in_pages) {
-            s = fa_i_paged_fa3(p, &seq, plan.k, &dev, table_dev + (size_t)b * p->max_pages, rest,
-                               call->stream);
-            continue;
-        }
-        seq.k = rest, seq.v = rest + (size_t)es * nk * p->heads_kv * p->head_dim;
         if ((s = fa_i_page_copy(p, 0, table_dev + (size_t)b * p->max_pages, NULL, (void *)seq.k,
-                                &seq.k_layout, 1, 0, nk, call->stream)) != FA_OK ||
+                                &seq.k_layout, 1, nk, call->stream)) != FA_OK ||
             (s = fa_i_page_copy(p, 1, table_dev + (size_t)b * p->max_pages, NULL, (void *)seq.v,
-                                &seq.v_layout, 1, 0, nk, call->stream)) != FA_OK)
+                                &seq.v_layout, 1, nk, call->stream)) != FA_OK)
             return s;
         s = fa_cuda_forward(&seq, NULL, 0, call->stream);
     }

@@ -164,9 +164,9 @@ for name, cfg in (
         ("prefill_window_page_48", dict(cache_lens=[100, 260], seqlen_new=20, seqlen_q=20,
                                         page_size=48, max_pages=8, window=(64, 8), heads_q=6,
                                         heads_kv=3)),
-        # On Hopper the chunks below read the pages in place (TMA boxes of 16
-        # to 128 keys, the keys past the last whole box from the workspace):
-        # the cache rows that hold no key are NaN, so a read of one shows.
+        # The cache rows that hold no key are NaN below, so a read of one
+        # shows: page sizes 16 to 256, lengths on both sides of a page and
+        # of the key tiles (64, 80, 128, 176).
         ("prefill_poison_page_16_d64", dict(cache_lens=[0, 1, 15, 16, 17, 100], seqlen_new=3,
                                             seqlen_q=19, page_size=16, max_pages=8, causal=True,
                                             poison=True)),

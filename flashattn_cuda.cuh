@@ -2830,8 +2830,15 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     const int ks_count = FA_I_DECODE_WARPS / (rt_count * DS);
     const int rt = warp % rt_count, dpart = warp / rt_count % DS, ks = warp / (rt_count * DS);
     const int col0 = dpart * DW; /* this warp's first O column */
-    /* two slices a step where each warp still gets one */
-    const int wide = FA_I_DEC(STEP) == 2 && SLICES % 2 == 0 && SLICES / 2 >= ks_count;
+    /* two slices a step where each warp still gets one; not in the general
+       d = 256 kernel for sm_8x, whose registers do not hold both (it
+       spilled) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    const int step_fits = !(general && D == 256);
+#else
+    const int step_fits = 1;
+#endif
+    const int wide = FA_I_DEC(STEP) == 2 && step_fits && SLICES % 2 == 0 && SLICES / 2 >= ks_count;
     const int group = p.heads_q / p.heads_kv, packed = group * p.seqlen_q;
     /* blockIdx.x: row block fastest (blocks of one kv head share its K/V in L2), then split */
     unsigned cta = blockIdx.x;

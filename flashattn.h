@@ -92,7 +92,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 5
+#define FA_VERSION_MINOR 7
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
@@ -3162,6 +3162,11 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.7.0  GPU: decode takes 32 keys a warp step where a warp owns a row
+          tile, its combine a programmatic dependent launch on 9.0+; paged
+          decode walks a slice's rows from one address; the FA2 backward
+          with head_dim_v; an unsupported backward answers before the
+          workspace check
    0.6.2  CPU: K tiles and the backward's P and dS transposed by 8 x 8 SIMD
           blocks; the forward's rescale factors as vector exps; one scratch
           allocation a job, made before its threads start; decode streams K

@@ -495,35 +495,39 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #define FA_I_FA3_BWD_STAGES(keys, stages) stages
 
 /* Decode (>> decode: few query rows, GQA-packed, split-KV): 4 warps per CTA.
-     KEYS    keys per K/V tile: a multiple of 64 (slices of 16, a warp's step)
+     KEYS    keys per K/V tile: a multiple of 64 (slices of 16)
      STAGES  K/V ring depth, at least 2
      DSPLIT  warps a row tile's O is split over by columns (2: each holds
              half of d; the registers of d = 256)
-                              KEYS STAGES DSPLIT */
+     STEP    16-key slices a warp takes at a time where the rows give each
+             warp a whole row tile (2: two S chains in flight and one softmax
+             pass over 32 keys; 1 where the registers don't hold them)
+                              KEYS STAGES DSPLIT STEP */
 #ifndef FA_DECODE_TILE_32
-#define FA_DECODE_TILE_32      64,  4,     1
+#define FA_DECODE_TILE_32      64,  4,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_64
-#define FA_DECODE_TILE_64      64,  4,     1
+#define FA_DECODE_TILE_64      64,  4,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_96
-#define FA_DECODE_TILE_96      64,  3,     1
+#define FA_DECODE_TILE_96      64,  3,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_128
-#define FA_DECODE_TILE_128     64,  3,     1
+#define FA_DECODE_TILE_128     64,  3,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_160
-#define FA_DECODE_TILE_160     64,  2,     1
+#define FA_DECODE_TILE_160     64,  2,     1,     2
 #endif
 #ifndef FA_DECODE_TILE_192
-#define FA_DECODE_TILE_192     64,  2,     1
+#define FA_DECODE_TILE_192     64,  2,     1,     1
 #endif
 #ifndef FA_DECODE_TILE_256
-#define FA_DECODE_TILE_256     64,  2,     2
+#define FA_DECODE_TILE_256     64,  2,     2,     2
 #endif
-#define FA_I_DECODE_KEYS(keys, stages, dsplit) keys
-#define FA_I_DECODE_STAGES(keys, stages, dsplit) stages
-#define FA_I_DECODE_DSPLIT(keys, stages, dsplit) dsplit
+#define FA_I_DECODE_KEYS(keys, stages, dsplit, step) keys
+#define FA_I_DECODE_STAGES(keys, stages, dsplit, step) stages
+#define FA_I_DECODE_DSPLIT(keys, stages, dsplit, step) dsplit
+#define FA_I_DECODE_STEP(keys, stages, dsplit, step) step
 
 /* Shared-memory budgets: the FA2 kernels' default tiles fit compute
    capability 8.0's 163 KB; Hopper allows 227 KB a block. */
@@ -661,6 +665,21 @@ static __device__ __forceinline__ void fa_i_red_add4(float *p, float4 v)
     atomicAdd(p + 1, v.y);
     atomicAdd(p + 2, v.z);
     atomicAdd(p + 3, v.w);
+#endif
+}
+/* Programmatic dependent launch (fa_i_launch_ex): a CTA lets the stream's
+   next kernel be scheduled; that kernel waits for this one's writes. Both
+   are no-ops before sm_90 and for kernels launched without the attribute. */
+static __device__ __forceinline__ void fa_i_launch_dependents(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+static __device__ __forceinline__ void fa_i_wait_prerequisites(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 /* Zeroes n mma.sync accumulator tiles. */
@@ -1250,8 +1269,9 @@ static __device__ __forceinline__ void fa_i_tile_pages_at(fa_i_tile_pages *tp, i
    loop and holds them in registers, which spills the 64-key tiles.
    With tp (a paged cache, fa_i_tile_pages), row c is row c % page_size of
    page pages[c / page_size], pages page_stride elements apart from g; a
-   sliced tile needs step <= 32 (a pass's row then lies in slice
-   pass step / 16, or the next one). Columns from `cols` (the problem's head
+   sliced tile's first pass in each slice takes its address from the
+   slice's page, the passes after it walk on (step <= 32: a pass's row
+   lies in slice pass step / 16, or the next one). Columns from `cols` (the problem's head
    dim, a multiple of 8, where it is below the tile's d) are zero-filled,
    read from nowhere. */
 static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
@@ -1263,7 +1283,7 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
     const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
     const int swizzled = ld % 64 == 0;
     int r, x0, pass, c, chunk0;
-    const uint16_t *src;
+    const uint16_t *src, *walk = g; /* walk: a sliced tile's rows */
     asm volatile("" : "+r"(tid));
     r = tid / tpr;
     chunk0 = tid % tpr;
@@ -1274,18 +1294,20 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
             const int valid = row0 + r < rows, x = swizzled ? x0 ^ (pass * step & 7) : x0;
-            const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
             const unsigned c_row = (unsigned)(row0 + r);
-            const uint16_t *from =
-                !valid ? g /* a row past the end reads nothing */
-                : !tp || !tp->table ? src
-                : tp->sliced
-                    ? g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
-                          (int64_t)((next ? tp->in_page[s + 1] : tp->in_page[s]) + (r & 15)) *
-                              stride +
-                          (tid % tpr) * 8
-                    : g + tp->table[c_row / page_size] * page_stride +
-                          (int64_t)(c_row % page_size) * stride + (tid % tpr) * 8;
+            const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
+            const uint16_t *from, *in_slice =
+                !tp || !tp->table ? g
+                : g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
+                      (int64_t)((next ? tp->in_page[s + 1] : tp->in_page[s]) + (r & 15)) * stride +
+                      (tid % tpr) * 8;
+            if (step < 16 && tp && tp->table && tp->sliced) /* the slice's passes walk on */
+                walk = pass * step % 16 == 0 ? in_slice : walk + step * stride;
+            from = !valid ? g /* a row past the end reads nothing */
+                   : !tp || !tp->table ? src
+                   : tp->sliced        ? (step < 16 ? walk : in_slice)
+                                       : g + tp->table[c_row / page_size] * page_stride +
+                                      (int64_t)(c_row % page_size) * stride + (tid % tpr) * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {
                 const int there = valid && 8 * (chunk0 + c * tpr) < cols;
@@ -2692,8 +2714,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    4 / DSPLIT), K/V tiles of KEYS keys through a STAGES-deep cp.async ring.
    Warp w owns row tile w % RT, columns part (w / RT) % DSPLIT of O, and of
    each tile's KEYS / 16 slices of 16 keys every KS-th from w / (RT DSPLIT)
-   (KS = 4 / (RT DSPLIT)). Per slice, mma.sync:
-     S = Q K^T (16 x 16, all of d), softcap, mask, online softmax,
+   (KS = 4 / (RT DSPLIT)), or where that leaves a warp two or more slices a
+   tile, every KS-th pair of slices (STEP 2, fa_i_decode_step). Per step,
+   mma.sync:
+     S = Q K^T (16 x 16 STEP, all of d), softcap, mask, online softmax,
      O[:, its columns] += P V
    At the end the KS warps of a (row tile, column part) merge their (m, l, O)
    through shared memory. */
@@ -2704,6 +2728,86 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
 #define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
+/* One warp's step over w slices of 16 keys (w = 1 or 2, a constant at each
+   call), keys c_tile + 16 w j ...: S = Q K^T, softcap, mask, the online
+   softmax, O[:, its columns] += P V. Two slices a step give the warp two
+   independent S chains and one softmax pass over 32 keys: where a warp owns
+   a whole row tile (many packed rows) it runs every slice of each tile in
+   one dependent chain, with one other warp on its scheduler to hide it. */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
+    const fa_params *p, const int w, const uint16_t *skt, const uint16_t *svt, const int j,
+    const int c_tile, const uint32_t (*qa)[4], float (*o)[4], float *m_run, float *l_run,
+    const int *lo, const int *hi, const int all_lo, const int all_hi, const float log2_scale,
+    const int col0)
+{
+    enum { D = FA_I_D, DW = D / FA_I_DEC(DSPLIT), BF16 = FA_I_IS_BF16 };
+    const int lane = threadIdx.x & 31, c0 = c_tile + 16 * w * j;
+    float s[4][4], alpha[2];
+    uint32_t pa[2][4];
+    int i, u, e;
+    fa_i_zero_acc(s, 2 * w);
+#pragma unroll
+    for (i = 0; i < D / 16; ++i) /* S = Q K^T over the step's keys */
+#pragma unroll
+        for (u = 0; u < w; ++u) {
+            uint32_t kb[4];
+            FA_I_LOAD_B_NK(kb, skt, FA_I_PITCH(D), 16 * (w * j + u), 16 * i);
+            fa_i_mma(s[2 * u], qa[i], kb[0], kb[1], BF16);
+            fa_i_mma(s[2 * u + 1], qa[i], kb[2], kb[3], BF16);
+        }
+    if (p->softcap > 0.0f)
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i)
+#pragma unroll
+            for (e = 0; e < 4; ++e) s[i][e] = fa_i_score(p, s[i][e]);
+    if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + 16 * w))
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i)
+#pragma unroll
+            for (e = 0; e < 4; ++e) {
+                const int col = c0 + 8 * i + 2 * (lane & 3) + (e & 1);
+                if (col < lo[e >> 1] || col >= hi[e >> 1]) s[i][e] = -INFINITY;
+            }
+#pragma unroll
+    for (e = 0; e < 2; ++e) { /* online softmax of row half e */
+        float mx = -INFINITY, ref, sum = 0.0f;
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * e], s[i][2 * e + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(m_run[e], mx * log2_scale);
+        ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
+        alpha[e] = fa_i_dev_exp2(m_run[e] - ref);
+        m_run[e] = mx;
+#pragma unroll
+        for (i = 0; i < 2 * w; ++i) {
+            s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));
+            s[i][2 * e + 1] = fa_i_dev_exp2(fmaf(s[i][2 * e + 1], log2_scale, -ref));
+            sum += s[i][2 * e] + s[i][2 * e + 1];
+        }
+        l_run[e] = l_run[e] * alpha[e] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+        for (i = 0; i < DW / 8; ++i) {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        }
+#pragma unroll
+    for (u = 0; u < w; ++u) FA_I_ACC_AS_A(pa[u], s, u);
+#pragma unroll
+    for (i = 0; i < DW / 16; ++i) /* O += P V on this warp's columns */
+#pragma unroll
+        for (u = 0; u < w; ++u) {
+            uint32_t vb[4];
+            FA_I_LOAD_B_KN(vb, svt, FA_I_PITCH(D), 16 * (w * j + u), col0 + 16 * i);
+            fa_i_mma(o[2 * i], pa[u], vb[0], vb[1], BF16);
+            fa_i_mma(o[2 * i + 1], pa[u], vb[2], vb[3], BF16);
+        }
+}
+
 /* The kernel's body. `general` (a constant of each kernel below) takes a
    paged cache, or head dims below the tile's (columns masked); the kernel
    for the rest (dense, d = the tile's) carries neither: both paths in one
@@ -2726,6 +2830,15 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     const int ks_count = FA_I_DECODE_WARPS / (rt_count * DS);
     const int rt = warp % rt_count, dpart = warp / rt_count % DS, ks = warp / (rt_count * DS);
     const int col0 = dpart * DW; /* this warp's first O column */
+    /* two slices a step where each warp still gets one; not in the general
+       d = 256 kernel for sm_8x, whose registers do not hold both (it
+       spilled) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    const int step_fits = !(general && D == 256);
+#else
+    const int step_fits = 1;
+#endif
+    const int wide = FA_I_DEC(STEP) == 2 && step_fits && SLICES % 2 == 0 && SLICES / 2 >= ks_count;
     const int group = p.heads_q / p.heads_kv, packed = group * p.seqlen_q;
     /* blockIdx.x: row block fastest (blocks of one kv head share its K/V in L2), then split */
     unsigned cta = blockIdx.x;
@@ -2740,6 +2853,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         general && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
     fa_i_tile_pages tp; /* table NULL: dense rows */
     const int cols_k = general ? p.head_dim : D, cols_v = general ? p.head_dim_v : D;
+    fa_i_launch_dependents(); /* the combine, early where launched so: it waits for the parts */
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
     const uint16_t *gv = (const uint16_t *)p.v + fa_i_dev_offset(&p.v_layout, pages ? 0 : b, hk, 0);
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
@@ -2785,6 +2899,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     /* the ring's first tiles, a commit group each; a sliced paged tile's
        pages are looked up a tile ahead of its copy (in the key loop, during
        the previous tile's products) */
+#pragma unroll
     for (i = 0; i < STAGES; ++i) {
         if (pages && tp.sliced)
             fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (n_begin + i) * BN, BN);
@@ -2814,66 +2929,14 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             if (pages && tp.sliced && next + 1 < n_end)
                 fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (next + 1) * BN, BN);
         }
-        for (j = ks; j < SLICES; j += ks_count) {
-            const int c0 = c_tile + 16 * j;
-            float s[2][4], alpha[2];
-            uint32_t pa[4];
-            fa_i_zero_acc(s, 2);
-#pragma unroll
-            for (i = 0; i < D / 16; ++i) { /* S = Q K^T over the slice */
-                uint32_t kb[4];
-                FA_I_LOAD_B_NK(kb, skt, LD, 16 * j, 16 * i);
-                fa_i_mma(s[0], qa[i], kb[0], kb[1], BF16);
-                fa_i_mma(s[1], qa[i], kb[2], kb[3], BF16);
-            }
-            if (p.softcap > 0.0f)
-#pragma unroll
-                for (i = 0; i < 2; ++i)
-#pragma unroll
-                    for (e = 0; e < 4; ++e) s[i][e] = fa_i_score(&p, s[i][e]);
-            if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + 16))
-#pragma unroll
-                for (i = 0; i < 2; ++i)
-#pragma unroll
-                    for (e = 0; e < 4; ++e) {
-                        const int col = c0 + 8 * i + 2 * (lane & 3) + (e & 1);
-                        if (col < lo[e >> 1] || col >= hi[e >> 1]) s[i][e] = -INFINITY;
-                    }
-#pragma unroll
-            for (e = 0; e < 2; ++e) { /* online softmax of row half e */
-                float mx = fmaxf(fmaxf(s[0][2 * e], s[0][2 * e + 1]), fmaxf(s[1][2 * e], s[1][2 * e + 1]));
-                float ref, sum = 0.0f;
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                mx = fmaxf(m_run[e], mx * log2_scale);
-                ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
-                alpha[e] = fa_i_dev_exp2(m_run[e] - ref);
-                m_run[e] = mx;
-#pragma unroll
-                for (i = 0; i < 2; ++i) {
-                    s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));
-                    s[i][2 * e + 1] = fa_i_dev_exp2(fmaf(s[i][2 * e + 1], log2_scale, -ref));
-                    sum += s[i][2 * e] + s[i][2 * e + 1];
-                }
-                l_run[e] = l_run[e] * alpha[e] + sum;
-            }
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-#pragma unroll
-                for (i = 0; i < DW / 8; ++i) {
-                    o[i][0] *= alpha[0];
-                    o[i][1] *= alpha[0];
-                    o[i][2] *= alpha[1];
-                    o[i][3] *= alpha[1];
-                }
-            FA_I_ACC_AS_A(pa, s, 0);
-#pragma unroll
-            for (i = 0; i < DW / 16; ++i) { /* O += P V on this warp's columns */
-                uint32_t vb[4];
-                FA_I_LOAD_B_KN(vb, svt, LD, 16 * j, col0 + 16 * i);
-                fa_i_mma(o[2 * i], pa, vb[0], vb[1], BF16);
-                fa_i_mma(o[2 * i + 1], pa, vb[2], vb[3], BF16);
-            }
-        }
+        if (wide)
+            for (j = ks; j < SLICES / 2; j += ks_count)
+                FA_I_KNAME(fa_i_decode_step)(&p, 2, skt, svt, j, c_tile, qa, o, m_run, l_run, lo, hi,
+                                             all_lo, all_hi, log2_scale, col0);
+        else
+            for (j = ks; j < SLICES; j += ks_count)
+                FA_I_KNAME(fa_i_decode_step)(&p, 1, skt, svt, j, c_tile, qa, o, m_run, l_run, lo, hi,
+                                             all_lo, all_hi, log2_scale, col0);
     }
     FA_I_CP_ASYNC_WAIT(0);
 #pragma unroll
@@ -2952,12 +3015,12 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         }
     }
 }
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
 {
     FA_I_KNAME(fa_i_decode_body)(&p, a, 0);
 }
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS)
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _general)(const fa_params p, const fa_i_decode_args a)
 {
     FA_I_KNAME(fa_i_decode_body)(&p, a, 1);
@@ -2987,6 +3050,7 @@ static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t 
    at least one). */
 #define FA_I_COMBINE_COLS 4
 #define FA_I_COMBINE_MANY_ROWS 65536
+#define FA_I_COMBINE_BATCH 8 /* parts a lane loads before it adds them */
 static __host__ __device__ __forceinline__ int fa_i_combine_chunks(int head_dim, int cols)
 {
     return (head_dim + 32 * cols - 1) / (32 * cols);
@@ -3010,6 +3074,7 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
     float *w = weights[warp], mx = -INFINITY, sum = 0.0f, acc[FA_I_COMBINE_COLS];
     int64_t lse_at = 0;
     int h, n, b, i, j;
+    fa_i_wait_prerequisites(); /* the parts' writer (decode's splits) is done */
     if (live) {
         if (row <= 0x7fffffff) { /* 32-bit divisions: 64-bit ones are calls */
             const uint32_t r = (uint32_t)row, hn = r / (uint32_t)p.heads;
@@ -3032,15 +3097,29 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
         __syncwarp();
 #pragma unroll
         for (j = 0; j < FA_I_COMBINE_COLS; ++j) acc[j] = 0.0f;
-        for (i = 0; i < parts; ++i) {
-            sum += w[i];
-            if (w[i] > 0.0f)
+        /* FA_I_COMBINE_BATCH parts' loads issued back to back, then added
+           in part order: one part at a time waited on each load in turn */
+        for (i = 0; i < parts; i += FA_I_COMBINE_BATCH) {
+            float x[FA_I_COMBINE_BATCH][FA_I_COMBINE_COLS];
+            int u;
 #pragma unroll
-                for (j = 0; j < FA_I_COMBINE_COLS; ++j)
-                    if (j < a.cols && c + j < p.head_dim)
-                        acc[j] += w[i] * (i < p.num_parts
-                                              ? fa_i_load_any(a.o[i], at + j, p.part_dtype)
-                                              : fa_i_load_any(p.o, to + j, p.dtype));
+            for (u = 0; u < FA_I_COMBINE_BATCH; ++u)
+#pragma unroll
+                for (j = 0; j < FA_I_COMBINE_COLS; ++j) {
+                    const int part = i + u;
+                    x[u][j] = 0.0f;
+                    if (part < parts && w[part] > 0.0f && j < a.cols && c + j < p.head_dim)
+                        x[u][j] = part < p.num_parts
+                                      ? fa_i_load_any(a.o[part], at + j, p.part_dtype)
+                                      : fa_i_load_any(p.o, to + j, p.dtype);
+                }
+#pragma unroll
+            for (u = 0; u < FA_I_COMBINE_BATCH && i + u < parts; ++u) {
+                sum += w[i + u];
+                if (w[i + u] > 0.0f)
+#pragma unroll
+                    for (j = 0; j < FA_I_COMBINE_COLS; ++j) acc[j] += w[i + u] * x[u][j];
+            }
         }
 #pragma unroll
         for (j = 0; j < FA_I_COMBINE_COLS; ++j) {
@@ -3486,24 +3565,25 @@ static __device__ __forceinline__ void fa_i_bwd_rows(
     fa_i_async_tile(sq, (const uint16_t *)p->q + fa_i_dev_offset(&p->q_layout, b, h, 0),
                     p->q_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim, ld, tid, nthreads);
     fa_i_async_tile(sdo, (const uint16_t *)p->dout + fa_i_dev_offset(&p->dout_layout, b, h, 0),
-                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim, ld, tid, nthreads);
+                    p->dout_layout.seq, r0, p->seqlen_q, bm, d, p->head_dim_v, ld, tid, nthreads);
     fa_i_bwd_row_facts(p, a, b, h, r0, slse, sdsum, slo, shi, bm, tid, nthreads);
 }
 
 /* A dK/dV kernel's first loads, one commit group: its K and V tiles (bn
-   keys from c0 of kv head hk, head dim d, pitch FA_I_BWD_KV_PITCH(d)) and,
+   keys from c0 of kv head hk, head dim d, V's first cols_v columns read,
+   pitch FA_I_BWD_KV_PITCH(d)) and,
    if it has steps, the first step's query side (bm rows from r0 of the
    group's first query head, pitch FA_I_BWD_Q_PITCH(d)). */
 static __device__ __forceinline__ void fa_i_bwd_first_loads(
     const fa_params *p, const fa_i_bwd_args *a, int b, int hk, int c0, int bn, int r0, int steps,
     uint16_t *sk, uint16_t *sv, uint16_t *sq, uint16_t *sdo, float *slse, float *sdsum, int *slo,
-    int *shi, int bm, int d, int tid, int nthreads)
+    int *shi, int bm, int d, int cols_v, int tid, int nthreads)
 {
     fa_i_async_tile(sk, (const uint16_t *)p->k + fa_i_dev_offset(&p->k_layout, b, hk, 0),
                     p->k_layout.seq, c0, p->seqlen_k, bn, d, p->head_dim, FA_I_BWD_KV_PITCH(d), tid,
                     nthreads);
     fa_i_async_tile(sv, (const uint16_t *)p->v + fa_i_dev_offset(&p->v_layout, b, hk, 0),
-                    p->v_layout.seq, c0, p->seqlen_k, bn, d, p->head_dim, FA_I_BWD_KV_PITCH(d), tid,
+                    p->v_layout.seq, c0, p->seqlen_k, bn, d, cols_v, FA_I_BWD_KV_PITCH(d), tid,
                     nthreads);
     if (steps > 0)
         fa_i_bwd_rows(p, a, b, hk * (p->heads_q / p->heads_kv), r0, sq, sdo, slse,
@@ -3567,10 +3647,21 @@ static __device__ __forceinline__ void fa_i_fa3_bwd_load_rows(const fa_i_fa3_bwd
    step: the step's inputs are in, P and dS are written, and where Q or dO
    has a single stage, a third once it is free: its next load then hides
    behind the rest (double-buffered inputs load a step ahead). */
-/* Async copy of BM rows from r0 of head h of tensor q or dout into smem dst. */
-#define FA_I_BWD_LOAD(dst, tensor, h, r0)                                                       \
+/* Async copy of BM rows from r0 of head h of tensor q or dout (its first
+   cols columns) into smem dst. */
+#define FA_I_BWD_LOAD(dst, tensor, cols, h, r0)                                                 \
     fa_i_async_tile(dst, (const uint16_t *)p.tensor + fa_i_dev_offset(&p.tensor##_layout, b, h, 0), \
-                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, p.head_dim, LDQ, tid, NT)
+                    p.tensor##_layout.seq, r0, p.seqlen_q, BM, D, cols, LDQ, tid, NT)
+/* V's columns: head_dim_v, but in the atomic mode's kernels on sm_90 and
+   later, where a count of V's own on its load spills (DESIGN.md, head dims);
+   there the backward with head_dim_v != head_dim runs on the FA3 kernel
+   (fa_i_plan_backward). Builds acting as a smaller device keep the count
+   (the tests run the pre-Hopper kernels' code on Hopper). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && FA_I_BWD_DQ && !defined(FA_I_TEST_SMEM_OPTIN)
+#define FA_I_BWD_COLS_V p.head_dim
+#else
+#define FA_I_BWD_COLS_V p.head_dim_v
+#endif
 /* Every element (i, j) of a warp's S or dP tiles, and its row (of the step's
    BM) and key (from the CTA's first). */
 #define FA_I_EACH_S(i, j)                                      \
@@ -3640,7 +3731,7 @@ static __global__ void __launch_bounds__(256, 1)
     fa_i_zero_acc(dv, KN / 16 * KD / 8);
 
     fa_i_bwd_first_loads(&p, &a, b, hk, c0, BN, (first / BM) * BM, steps, sk, sv, sq, sdo, slse,
-                         sdsum, slo, shi, BM, D, tid, NT);
+                         sdsum, slo, shi, BM, D, FA_I_BWD_COLS_V, tid, NT);
     for (t = 0; t < steps; ++t) {
         const int stage = t & 1, h = hk * group + sh, r0 = (first / BM + sb) * BM;
         const uint16_t *sqt = sq + (QS == 2 ? stage : 0) * BM * LDQ;
@@ -3657,8 +3748,8 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_bwd_row_facts(&p, &a, b, h_next, r_next, slse + (stage ^ 1) * BM,
                                sdsum + (stage ^ 1) * BM, slo + (stage ^ 1) * BM,
                                shi + (stage ^ 1) * BM, BM, tid, NT);
-            if (QS == 2) FA_I_BWD_LOAD(sq + (stage ^ 1) * BM * LDQ, q, h_next, r_next);
-            if (DOS == 2) FA_I_BWD_LOAD(sdo + (stage ^ 1) * BM * LDQ, dout, h_next, r_next);
+            if (QS == 2) FA_I_BWD_LOAD(sq + (stage ^ 1) * BM * LDQ, q, p.head_dim, h_next, r_next);
+            if (DOS == 2) FA_I_BWD_LOAD(sdo + (stage ^ 1) * BM * LDQ, dout, p.head_dim_v, h_next, r_next);
         }
         fa_i_cp_async_commit();
         { /* S = Q K^T and dP = dO V^T on this warp's tile, then P and dS to smem */
@@ -3696,15 +3787,15 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_warp_gemm(dv, KN / 16, KD / 16, BM, sp + kv_key, LDP, 1, sdot, LDQ, kv_col, 1, BF16);
         if (DOS == 1 && QS == 2) {
             __syncthreads();
-            if (t + 1 < steps) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
+            if (t + 1 < steps) FA_I_BWD_LOAD(sdo, dout, p.head_dim_v, h_next, r_next);
             fa_i_cp_async_commit();
         }
         fa_i_warp_gemm(dk, KN / 16, KD / 16, BM, sds + kv_key, LDP, 1, sqt, LDQ, kv_col, 1, BF16);
         if (QS == 1) {
             __syncthreads();
             if (t + 1 < steps) {
-                FA_I_BWD_LOAD(sq, q, h_next, r_next);
-                if (DOS == 1) FA_I_BWD_LOAD(sdo, dout, h_next, r_next);
+                FA_I_BWD_LOAD(sq, q, p.head_dim, h_next, r_next);
+                if (DOS == 1) FA_I_BWD_LOAD(sdo, dout, p.head_dim_v, h_next, r_next);
             }
             fa_i_cp_async_commit();
         }
@@ -3749,12 +3840,12 @@ static __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (i = 0; i < BN * (D / 8) / NT; ++i) {
             const int key = (i * NT + x) / (D / 8), col = 8 * ((i * NT + x) % (D / 8));
-            if (c0 + key < p.seqlen_k && col < p.head_dim) {
+            if (c0 + key < p.seqlen_k && col < p.head_dim)
                 *(uint4 *)(gdk + (int64_t)(c0 + key) * p.dk_layout.seq + col) =
                     *(const uint4 *)(sk + key * LDK + col);
+            if (c0 + key < p.seqlen_k && col < p.head_dim_v)
                 *(uint4 *)(gdv + (int64_t)(c0 + key) * p.dv_layout.seq + col) =
                     *(const uint4 *)(sv + key * LDK + col);
-            }
         }
     }
 #else
@@ -3766,6 +3857,7 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_S_KEY
 #undef FA_I_STORE_S
 #undef FA_I_BWD_LOAD
+#undef FA_I_BWD_COLS_V
 
 /* ======================================================================== */
 #undef FA_I_BWD
@@ -3816,7 +3908,7 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
     fa_i_async_tile(sq, (const uint16_t *)p.q + fa_i_dev_offset(&p.q_layout, b, h, 0),
                     p.q_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
     fa_i_async_tile(sdo, (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, 0),
-                    p.dout_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim, LD, tid, NT);
+                    p.dout_layout.seq, m0, p.seqlen_q, BM, D, p.head_dim_v, LD, tid, NT);
     if (n_first < n_end)
         fa_i_async_kv(sk, sv, gk, gv, &p, NULL, n_first * BN, BN, D, p.head_dim, p.head_dim_v, LD,
                       tid, NT);
@@ -4386,9 +4478,11 @@ static_assert(FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW) % 64 == 0 &&
                   FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) >= 2 &&
                   (FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) == 1 ||
                    FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) == 2) &&
-                  FA_I_D % (16 * FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW)) == 0,
+                  FA_I_D % (16 * FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW)) == 0 &&
+                  (FA_I_COL(DECODE, STEP, FA_I_DECODE_ROW) == 1 ||
+                   FA_I_COL(DECODE, STEP, FA_I_DECODE_ROW) == 2),
               "flashattn: decode KEYS must be a multiple of 64, STAGES at least 2, DSPLIT 1 "
-              "or 2 (dividing d into multiples of 16)");
+              "or 2 (dividing d into multiples of 16), STEP 1 or 2");
 static_assert(FA_I_DECODE_WARPS * (16 * FA_I_D / FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) + 32) * 4 <=
                   2 * 2 * FA_I_PITCH(FA_I_D) * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *
                       FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW),
@@ -4868,11 +4962,17 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, int dete
     return FA_OK;
 }
 
-/* Launches kernel(*params, *extra) with the dynamic shared memory raised as needed. */
-static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t smem,
-                             cudaStream_t stream, const void *params, void *extra)
+/* Launches kernel(*params, *extra) with the dynamic shared memory raised as
+   needed. early (compute capability 9.0 and later): a programmatic
+   dependent launch, scheduled while the stream's previous kernel finishes
+   (once its CTAs say griddepcontrol.launch_dependents); the kernel waits in
+   griddepcontrol.wait before it reads what that one wrote. */
+static fa_status fa_i_launch_ex(const void *kernel, dim3 grid, int threads, size_t smem,
+                                cudaStream_t stream, const void *params, void *extra, int early)
 {
     void *args[2];
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attr = {};
     cudaError_t e;
     args[0] = (void *)params;
     args[1] = extra;
@@ -4880,10 +4980,25 @@ static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t 
         (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem)) != cudaSuccess)
         return fa_i_cuda_error(e, "cudaFuncSetAttribute");
-    if ((e = cudaLaunchKernel(kernel, grid, dim3(threads), args, smem, stream)) != cudaSuccess)
-        return fa_i_cuda_error(e, "cudaLaunchKernel");
+    config.gridDim = grid, config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem, config.stream = stream;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attr, config.numAttrs = 1;
+    /* the plain launch where nothing is early: it reports a bad stream as
+       an error, where cudaLaunchKernelExC was seen to crash on one */
+    if ((e = early ? cudaLaunchKernelExC(&config, kernel, args)
+                   : cudaLaunchKernel(kernel, grid, dim3(threads), args, smem, stream)) !=
+        cudaSuccess)
+        return fa_i_cuda_error(e, early ? "cudaLaunchKernelExC" : "cudaLaunchKernel");
     if ((e = cudaGetLastError()) != cudaSuccess) return fa_i_cuda_error(e, "kernel launch");
     return FA_OK;
+}
+
+static fa_status fa_i_launch(const void *kernel, dim3 grid, int threads, size_t smem,
+                             cudaStream_t stream, const void *params, void *extra)
+{
+    return fa_i_launch_ex(kernel, grid, threads, smem, stream, params, extra, 0);
 }
 
 static int fa_i_blocks(int64_t n, int per) { return (int)((n + per - 1) / per); }
@@ -5006,6 +5121,7 @@ typedef struct fa_i_forward_plan {
     size_t workspace; /* bytes it needs */
     fa_i_decode_args decode; /* decode only: its launch, CTAs decode_ctas */
     int64_t decode_ctas;
+    int early_combine;       /* decode: its combine a programmatic dependent launch (9.0+) */
 #if FA_I_SM90
     const fa_i_kernel *fa3; /* FA3 only: the tile variant, its maps and grid */
     fa_i_tma_maps maps;
@@ -5050,6 +5166,7 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     plan->decode_ctas = base * a->splits;
     if (plan->decode_ctas > 0x7fffffff)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "%lld decode CTAs", (long long)plan->decode_ctas);
+    plan->early_combine = dev->major >= 9;
     plan->algorithm = 4;
     *taken = 1;
     return FA_OK;
@@ -5114,18 +5231,20 @@ FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.workspace : 0;
 }
 
-/* Launches fa_i_combine over a resolved merge whose parts are args. */
+/* Launches fa_i_combine over a resolved merge whose parts are args; early:
+   as a programmatic dependent launch (fa_i_launch_ex) after the kernel that
+   writes the parts. */
 static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_args *args,
-                                     cudaStream_t stream)
+                                     cudaStream_t stream, int early)
 {
     const int64_t rows = (int64_t)c->batch * c->heads * c->seqlen;
     /* a warp per 32 columns where rows are few (decode's splits: spread
        them over the SMs), a lane per 4 columns where they are many (long
        chunks: fewer warps, each its LSEs once) */
     args->cols = rows >= FA_I_COMBINE_MANY_ROWS ? FA_I_COMBINE_COLS : 1;
-    return fa_i_launch((const void *)fa_i_combine,
-                       dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim, args->cols))),
-                       FA_I_COMBINE_THREADS, 0, stream, c, args);
+    return fa_i_launch_ex((const void *)fa_i_combine,
+                          dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim, args->cols))),
+                          FA_I_COMBINE_THREADS, 0, stream, c, args, early);
 }
 
 /* fa_i_fwd_decode, then fa_i_combine of its splits (parts at workspace). */
@@ -5159,7 +5278,7 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
             parts.o[i] = a->o_part + i * a->part_floats;
             parts.lse[i] = a->lse_part + i * a->lse_floats;
         }
-        s = fa_i_launch_combine(&c, &parts, stream);
+        s = fa_i_launch_combine(&c, &parts, stream, plan->early_combine);
     }
     return s;
 }
@@ -5246,7 +5365,7 @@ FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t s
         parts.o[i] = c.o_parts[i];
         parts.lse[i] = c.lse_parts[i];
     }
-    return fa_i_launch_combine(&c, &parts, stream);
+    return fa_i_launch_combine(&c, &parts, stream, 0);
 }
 
 FA_API int fa_cuda_forward_algorithm(const fa_params *params)
@@ -5286,21 +5405,6 @@ static size_t fa_i_bwd_own_bytes(const fa_params *p, int deterministic, int acc_
                             (deterministic ? 0 : fa_i_dq_acc_floats(p, acc_d)));
 }
 
-FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
-{
-    fa_params p;
-    size_t dq_bytes, dk_bytes;
-    fa_i_seq_call call;
-    const fa_i_kernels *k = NULL;
-    fa_i_device dev;
-    if (FA_I_BY_SEQUENCE(params))
-        return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
-                                                                                          : 0;
-    if (fa_i_cuda_check(params, FA_PASS_BACKWARD, deterministic, &p, &k, &dev) != FA_OK) return 0;
-    return fa_i_bwd_own_bytes(&p, deterministic, k->head_dim) +
-           fa_i_grad_stage_bytes(&p, &dq_bytes, &dk_bytes);
-}
-
 /* A validated backward and the kernels that run it. */
 typedef struct fa_i_backward_plan {
     fa_params p; /* resolved */
@@ -5324,16 +5428,34 @@ static fa_status fa_i_plan_backward(const fa_params *params, int deterministic,
 #if FA_I_SM90
     if (!deterministic && fa_i_fa3_bwd_ready(&plan->p, &plan->k->fa3_bwd, &dev, &plan->fa3))
         plan->algorithm = 3;
-#else
-    (void)deterministic;
 #endif
-    /* The FA2 kernels' dO and V copies take Q's and K's column count: a
-       count of their own spilled the dK/dV kernel (DESIGN.md) */
-    if (plan->algorithm != 3 && plan->p.head_dim_v != plan->p.head_dim)
+    /* The FA2 atomic mode's dK/dV kernels for sm_90 read V with Q's column
+       count (FA_I_BWD_COLS_V): Hopper's atomic backward takes a V head dim
+       of its own on the FA3 kernel only (test builds acting as a smaller
+       device run the pre-Hopper rule) */
+#ifndef FA_I_TEST_SMEM_OPTIN
+    if (plan->algorithm != 3 && plan->p.head_dim_v != plan->p.head_dim && !deterministic &&
+        dev.major >= 9)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
-                         "head_dim_v %d != head_dim %d: the backward runs on the Hopper kernel "
-                         "only (atomic mode)", plan->p.head_dim_v, plan->p.head_dim);
+                         "head_dim_v %d != head_dim %d: on compute capability 9.0 and later the "
+                         "atomic-mode backward runs it on the FA3 kernels only (not in this "
+                         "build); the deterministic mode runs it",
+                         plan->p.head_dim_v, plan->p.head_dim);
+#endif
     return FA_OK;
+}
+
+FA_API size_t fa_cuda_backward_workspace_size(const fa_params *params, int deterministic)
+{
+    fa_i_backward_plan plan;
+    size_t dq_bytes, dk_bytes;
+    fa_i_seq_call call;
+    if (FA_I_BY_SEQUENCE(params))
+        return fa_i_seq_plan(params, FA_PASS_BACKWARD, deterministic, &call) == FA_OK ? call.need
+                                                                                          : 0;
+    if (fa_i_plan_backward(params, deterministic, &plan) != FA_OK) return 0;
+    return fa_i_bwd_own_bytes(&plan.p, deterministic, plan.k->head_dim) +
+           fa_i_grad_stage_bytes(&plan.p, &dq_bytes, &dk_bytes);
 }
 
 FA_API int fa_cuda_backward_algorithm(const fa_params *params, int deterministic)
@@ -5389,7 +5511,6 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     const fa_i_kernels *k = NULL;
     fa_i_bwd_args a;
     fa_params caller, staged;
-    fa_i_device dev;
     int64_t rows;
     size_t need, own, dq_bytes, dk_bytes;
     fa_status s;
@@ -5402,8 +5523,8 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     }
     /* accumulate_grads, grads_f32: the kernels write the gradients to the
        workspace in the dtype, then fa_i_bwd_grads_out takes them out */
-    if ((s = fa_i_cuda_check(params, FA_PASS_BACKWARD, deterministic, &caller, &k, &dev)) != FA_OK)
-        return s;
+    if ((s = fa_i_plan_backward(params, deterministic, &plan)) != FA_OK) return s;
+    caller = plan.p, k = plan.k;
     own = fa_i_bwd_own_bytes(&caller, deterministic, k->head_dim);
     need = own + fa_i_grad_stage_bytes(&caller, &dq_bytes, &dk_bytes);
     if (!workspace || workspace_size < need || (uintptr_t)workspace % 16)

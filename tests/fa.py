@@ -326,8 +326,8 @@ def call_backward(backend, p, threads=2):
         return CPU.fa_ref_backward(ctypes.byref(p))
     if backend in ("gpu", "gpu_det"):
         return GPU.fa_test_gpu_backward(ctypes.byref(p), int(backend == "gpu_det"))
-    if backend == "gpu_fa2":
-        return GPU_FA2.fa_test_gpu_backward(ctypes.byref(p), 0)
+    if backend in ("gpu_fa2", "gpu_fa2_det"):
+        return GPU_FA2.fa_test_gpu_backward(ctypes.byref(p), int(backend == "gpu_fa2_det"))
     if backend.removesuffix("_det") in GPU_CAPPED:
         return GPU_CAPPED[backend.removesuffix("_det")].fa_test_gpu_backward(
             ctypes.byref(p), int(backend.endswith("_det")))

@@ -132,7 +132,12 @@ def split_build(tmp, arch_flags, defines, dims, main=None):
 
 
 def spill_check(report):
-    spills = [l for l in report.splitlines() if re.search(r"[1-9]\d* bytes spill", l)]
+    entry, spills = "", []  # each spill with the kernel it is in
+    for line in report.splitlines():
+        if "Compiling entry function" in line:
+            entry = line.split("'")[1] if "'" in line else line
+        elif re.search(r"[1-9]\d* bytes spill", line):
+            spills.append(f"{entry}: {line.strip()}")
     stack = [l for l in report.splitlines() if re.search(r"[1-9]\d* bytes stack frame", l)]
     serial = [l for l in report.splitlines() if re.search(r"C75\d\d|serializ|warning", l)]
     kernels = report.count("Compiling entry function")

@@ -31,6 +31,12 @@ def gpu_forward(**cfg):
     return forward_case(backends=("gpu", "gpu_fa2") if fa.GPU_FA2 else ("gpu",), **cfg)
 
 
+def gpu_backward_on(lib_name, backends, **cfg):
+    """backward_case on a build that may be missing (skipped then)."""
+    need_gpu(lib_name)
+    return backward_case(backends=backends, **cfg)
+
+
 def gpu_backward(**cfg):
     """The default build's atomic (FA3 on Hopper at d = 64, 128, 256) and deterministic
     modes and, where built, the FA2 atomic kernel on its own."""
@@ -79,9 +85,14 @@ for d, dv, nq in ((192, 128, 300), (128, 64, 200), (64, 128, 200), (192, 128, 5)
     case(f"gpu_fwd_head_dim_v_{d}_{dv}_q{nq}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=nq,
          seqlen_k=333, head_dim=d, head_dim_v=dv, dtype="bf16", causal=True)
 for d, dv in ((192, 128), (64, 128), (128, 40)):
-    case(f"gpu_bwd_head_dim_v_{d}_{dv}", lambda d=d, dv=dv: gpu_backward_head_dim_v(
-        heads_q=4, heads_kv=2, seqlen_q=150, seqlen_k=190, head_dim=d, head_dim_v=dv,
-        dtype="f16", causal=True))
+    cfg = dict(heads_q=4, heads_kv=2, seqlen_q=150, seqlen_k=190, head_dim=d, head_dim_v=dv,
+               dtype="f16", causal=True)
+    case(f"gpu_bwd_head_dim_v_{d}_{dv}", lambda cfg=cfg: gpu_backward_head_dim_v(**cfg))
+    # the FA2 kernels: the deterministic mode, and both modes where the
+    # build acts as a 163 KB device (the pre-Hopper kernels' code)
+    case(f"gpu_bwd_head_dim_v_det_{d}_{dv}", gpu_backward_on, "GPU", ("gpu_det",), **cfg)
+    case(f"gpu_bwd_head_dim_v_163_{d}_{dv}", gpu_backward_on, "GPU_SMEM163", ("gpu163", "gpu163_det"),
+         **cfg)
 
 for nq, nk in ((1, 1), (1, 1000), (7, 63), (63, 64), (64, 65), (65, 257), (257, 7),
                (1000, 1000), (1000, 7)):
@@ -464,22 +475,28 @@ case("gpu_head_dim_not_a_multiple_of_8", _gpu_status, _field(head_dim=59), "FA_E
 case("gpu_head_dim_not_a_multiple_of_8_bwd", _gpu_status, _field(head_dim=47),
      "FA_ERR_UNSUPPORTED", True)
 @test
-def gpu_head_dim_v_backward_deterministic_refused():
-    """head_dim_v != head_dim: the deterministic backward (FA2 kernels) is
-    refused with nothing written; the atomic one runs on Hopper (below)."""
-    need_gpu()
-    prob = fa.Problem(rng_for("gpu_dv_det"), heads_q=4, heads_kv=2, seqlen_q=20, seqlen_k=30,
+def gpu_head_dim_v_backward_fa2_atomic_on_hopper_refused():
+    """head_dim_v != head_dim in the atomic mode of a build without the FA3
+    kernels (gpu_fa2) on compute capability 9.0: refused with nothing
+    written (its FA2 kernels for sm_90 read V with Q's column count); the
+    deterministic mode runs the same problem."""
+    need_gpu("GPU_FA2")
+    prob = fa.Problem(rng_for("gpu_dv_fa2"), heads_q=4, heads_kv=2, seqlen_q=20, seqlen_k=30,
                       head_dim=64, head_dim_v=32, dtype="bf16")
     t = {n: prob.tensor(n, getattr(prob, n)) for n in ("q", "k", "v", "dout")}
     for n in ("o", "dq", "dk", "dv"):
         t[n] = prob.tensor(n, np.full(prob._shape(n), 7.0))
     t["lse"] = np.zeros((1, 4, 20), np.float32)
     p = prob.params(t)
+    if fa.GPU_FA2.fa_test_gpu_cc() < 90:
+        raise Skip("compute capability below 9.0: the atomic mode runs it (gpu163 tests)")
     before = {n: t[n].storage.copy() for n in ("o", "dq", "dk", "dv")}
-    status = fa.call_backward("gpu_det", p)
+    status = fa.call_backward("gpu_fa2", p)
     assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
     assert all(np.array_equal(old, t[n].storage) for n, old in before.items()), "wrote an output"
-    return fa.GPU.fa_last_error_detail().decode()
+    backward_case(backends=("gpu_fa2_det",), heads_q=4, heads_kv=2, seqlen_q=20, seqlen_k=30,
+                  head_dim=64, head_dim_v=32, dtype="bf16")
+    return fa.GPU_FA2.fa_last_error_detail().decode()
 
 
 def gpu_backward_head_dim_v(**cfg):
@@ -766,8 +783,8 @@ def gpu_fuzz_random_problems():
             continue
         try:
             if backward:
-                modes = (name,) + ((name + "_det",) if name in ("gpu", "gpu163", "gpu99") and
-                                   "head_dim_v" not in cfg else ())
+                modes = (name,) + ((name + "_det",) if name in ("gpu", "gpu_fa2", "gpu163", "gpu99")
+                                   else ())
                 backward_case(backends=modes, **cfg)
             else:
                 forward_case(backends=(name,), **cfg)

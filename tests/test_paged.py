@@ -18,7 +18,7 @@ from test_gpu import need_gpu
 class PagedProblem:
     def __init__(self, rng, cache_lens, seqlen_new=0, seqlen_q=1, page_size=16, max_pages=8,
                  heads_q=4, heads_kv=2, head_dim=64, dtype="f32", causal=False, window=None,
-                 softcap=0.0, layout="bshd", head_dim_v=0):
+                 softcap=0.0, layout="bshd", head_dim_v=0, poison=False):
         self.b, self.hq, self.hkv, self.d, self.dtype = len(cache_lens), heads_q, heads_kv, head_dim, dtype
         self.dv = head_dim_v or head_dim
         self.lens, self.new, self.nq = np.array(cache_lens, np.int32), seqlen_new, seqlen_q
@@ -34,6 +34,13 @@ class PagedProblem:
         shape = (self.num_pages, page_size, heads_kv)
         self.k_cache = fa.quantize(rng.standard_normal(shape + (head_dim,)), dtype)
         self.v_cache = fa.quantize(rng.standard_normal(shape + (self.dv,)), dtype)
+        if poison:  # NaN in every cache row that holds no key after the append
+            live = np.zeros(shape[:2], bool)
+            for b in range(self.b):
+                for c in range(int(self.lens[b]) + seqlen_new):
+                    live[self.table[b, c // page_size], c % page_size] = True
+            self.k_cache[~live] = np.nan
+            self.v_cache[~live] = np.nan
         new = (self.b, max(seqlen_new, 1), heads_kv)
         self.k_new = fa.quantize(rng.standard_normal(new + (head_dim,)), dtype)
         self.v_new = fa.quantize(rng.standard_normal(new + (self.dv,)), dtype)
@@ -111,8 +118,8 @@ def paged_case(backend="fa2", num_splits=0, **cfg):
             c = int(prob.lens[b]) + r
             want_k[prob.table[b, c // prob.ps], c % prob.ps] = prob.k_new[b, r]
             want_v[prob.table[b, c // prob.ps], c % prob.ps] = prob.v_new[b, r]
-    assert np.array_equal(t["k"].values(), want_k) and np.array_equal(t["v"].values(), want_v), \
-        "the cache after the append"
+    assert np.array_equal(t["k"].values(), want_k, equal_nan=True) and \
+        np.array_equal(t["v"].values(), want_v, equal_nan=True), "the cache after the append"
     return f"err {err:.1e}"
 
 
@@ -126,6 +133,8 @@ case("paged_page_size_1_gqa_window", paged_case, cache_lens=[13, 5], seqlen_new=
      page_size=1, max_pages=20, window=(6, 0), causal=True, heads_q=8, heads_kv=2)
 case("paged_page_256_bf16_softcap", paged_case, cache_lens=[300, 511], seqlen_new=1, seqlen_q=4,
      page_size=256, max_pages=2, dtype="bf16", softcap=20.0, causal=True, layout="padded")
+case("paged_prefill_poison", paged_case, cache_lens=[17, 40, 0], seqlen_new=3, seqlen_q=5,
+     page_size=16, max_pages=4, causal=True, poison=True)
 case("paged_empty_sequence_f16", paged_case, cache_lens=[0, 40], seqlen_q=2, dtype="f16",
      page_size=16, max_pages=4)
 
@@ -154,7 +163,31 @@ for name, cfg in (
                                                   max_pages=16, causal=True, dtype="f16")),
         ("prefill_window_page_48", dict(cache_lens=[100, 260], seqlen_new=20, seqlen_q=20,
                                         page_size=48, max_pages=8, window=(64, 8), heads_q=6,
-                                        heads_kv=3))):
+                                        heads_kv=3)),
+        # The cache rows that hold no key are NaN below, so a read of one
+        # shows: page sizes 16 to 256, lengths on both sides of a page and
+        # of the key tiles (64, 80, 128, 176).
+        ("prefill_poison_page_16_d64", dict(cache_lens=[0, 1, 15, 16, 17, 100], seqlen_new=3,
+                                            seqlen_q=19, page_size=16, max_pages=8, causal=True,
+                                            poison=True)),
+        ("prefill_poison_page_64_d128", dict(cache_lens=[63, 64, 65, 1000], seqlen_q=40,
+                                             page_size=64, max_pages=16, heads_q=8, heads_kv=2,
+                                             head_dim=128, poison=True)),
+        ("prefill_poison_page_256_d128_causal", dict(cache_lens=[127, 128, 129, 700], seqlen_new=24,
+                                                     seqlen_q=24, page_size=256, max_pages=4,
+                                                     causal=True, head_dim=128, poison=True)),
+        ("prefill_poison_page_256_d128_long_keys", dict(cache_lens=[8300], seqlen_q=20,
+                                                        page_size=256, max_pages=33, head_dim=128,
+                                                        poison=True)),
+        ("prefill_poison_page_64_d256_f16", dict(cache_lens=[79, 80, 81, 300], seqlen_q=17,
+                                                 page_size=64, max_pages=5, head_dim=256,
+                                                 dtype="f16", poison=True)),
+        ("prefill_poison_page_32_dv", dict(cache_lens=[50, 31], seqlen_new=5, seqlen_q=21,
+                                           page_size=32, max_pages=3, head_dim=192,
+                                           head_dim_v=128, causal=True, poison=True)),
+        ("decode_poison_page_16", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
+                                       max_pages=64, heads_q=8, heads_kv=2, head_dim=128,
+                                       poison=True))):
     case(f"gpu_paged_{name}", paged_case, backend="gpu", **dict(dict(dtype="bf16"), **cfg))
 
 

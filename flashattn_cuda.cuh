@@ -771,6 +771,24 @@ static __device__ __forceinline__ float fa_i_dev_exp2(float x)
     return y;
 }
 
+/* The online softmax's running max of one accumulator row, whose four
+   lanes (lane % 4) hold mx, the max of their raw scores in this key step:
+   the new running max in base-2 units into *m_run, the factor for what
+   was summed against the old one into *alpha, and the reference the exps
+   subtract (0 for a row with nothing visible yet, which stays 0). */
+static __device__ __forceinline__ float fa_i_row_max_step(float mx, float log2_scale, float *m_run,
+                                                          float *alpha)
+{
+    float ref;
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(*m_run, mx * log2_scale);
+    ref = mx == -INFINITY ? 0.0f : mx;
+    *alpha = fa_i_dev_exp2(*m_run - ref);
+    *m_run = mx;
+    return ref;
+}
+
 /* The MUFU's log2 and reciprocal, for row sums (0, kept apart by the
    caller, or at least 1: never denormal). log2f and 1 / l compile to a
    polynomial and a division with a slow-path call (DESIGN.md f53). */
@@ -1698,12 +1716,7 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
                     float mx = -INFINITY, ref, sum = 0.0f;
 #pragma unroll
                     for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(row[i][e], row[i][e + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    mx = fmaxf(m_run[t], mx * log2_scale); /* running max in base-2 units */
-                    ref = mx == -INFINITY ? 0.0f : mx;     /* a row with nothing visible yet stays 0 */
-                    alpha[t] = fa_i_dev_exp2(m_run[t] - ref);
-                    m_run[t] = mx;
+                    ref = fa_i_row_max_step(mx, log2_scale, &m_run[t], &alpha[t]);
                     FA_I_FWD_ROW_EXPS(t, ref, sum);
                     l_run[t] = l_run[t] * alpha[t] + sum; /* per-thread partial sums; reduced at the end */
                 }
@@ -2014,12 +2027,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_exps)(float *s, flo
         float mx = -INFINITY, ref, sum = 0.0f;
 #pragma unroll
         for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(m_run[half], mx * log2_scale);
-        ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
-        alpha[half] = fa_i_dev_exp2(m_run[half] - ref);
-        m_run[half] = mx;
+        ref = fa_i_row_max_step(mx, log2_scale, &m_run[half], &alpha[half]);
 #if FA_I_FP8
         ref -= FA_I_FP8_P_SHIFT; /* P in [0, 2^8]: e4m3's range (FA3, section 3.3) */
 #endif
@@ -2773,12 +2781,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
         float mx = -INFINITY, ref, sum = 0.0f;
 #pragma unroll
         for (i = 0; i < 2 * w; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * e], s[i][2 * e + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(m_run[e], mx * log2_scale);
-        ref = mx == -INFINITY ? 0.0f : mx; /* a row with nothing visible yet stays 0 */
-        alpha[e] = fa_i_dev_exp2(m_run[e] - ref);
-        m_run[e] = mx;
+        ref = fa_i_row_max_step(mx, log2_scale, &m_run[e], &alpha[e]);
 #pragma unroll
         for (i = 0; i < 2 * w; ++i) {
             s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));

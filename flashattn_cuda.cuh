@@ -4974,8 +4974,6 @@ static fa_status fa_i_launch_ex(const void *kernel, dim3 grid, int threads, size
                                 cudaStream_t stream, const void *params, void *extra, int early)
 {
     void *args[2];
-    cudaLaunchConfig_t config = {};
-    cudaLaunchAttribute attr = {};
     cudaError_t e;
     args[0] = (void *)params;
     args[1] = extra;
@@ -4983,17 +4981,22 @@ static fa_status fa_i_launch_ex(const void *kernel, dim3 grid, int threads, size
         (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)smem)) != cudaSuccess)
         return fa_i_cuda_error(e, "cudaFuncSetAttribute");
-    config.gridDim = grid, config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = smem, config.stream = stream;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attr, config.numAttrs = 1;
-    /* the plain launch where nothing is early: it reports a bad stream as
-       an error, where cudaLaunchKernelExC was seen to crash on one */
-    if ((e = early ? cudaLaunchKernelExC(&config, kernel, args)
-                   : cudaLaunchKernel(kernel, grid, dim3(threads), args, smem, stream)) !=
-        cudaSuccess)
-        return fa_i_cuda_error(e, early ? "cudaLaunchKernelExC" : "cudaLaunchKernel");
+    if (early) {
+        cudaLaunchConfig_t config = {};
+        cudaLaunchAttribute attr = {};
+        config.gridDim = grid, config.blockDim = dim3(threads);
+        config.dynamicSmemBytes = smem, config.stream = stream;
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = &attr, config.numAttrs = 1;
+        if ((e = cudaLaunchKernelExC(&config, kernel, args)) != cudaSuccess)
+            return fa_i_cuda_error(e, "cudaLaunchKernelExC");
+    } else if ((e = cudaLaunchKernel(kernel, grid, dim3(threads), args, smem, stream)) !=
+               cudaSuccess) {
+        /* the plain launch where nothing is early: it reports a bad stream
+           as an error, where cudaLaunchKernelExC was seen to crash on one */
+        return fa_i_cuda_error(e, "cudaLaunchKernel");
+    }
     if ((e = cudaGetLastError()) != cudaSuccess) return fa_i_cuda_error(e, "kernel launch");
     return FA_OK;
 }

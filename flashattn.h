@@ -93,7 +93,7 @@
 
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 7
-#define FA_VERSION_PATCH 0
+#define FA_VERSION_PATCH 1
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -261,6 +261,10 @@ typedef struct fa_params {
 /* Quantization to e4m3 for the FP8 forward (fa_cpu_quantize_fp8,
    fa_cuda_quantize_fp8): per block (fa_fp8_scaling) descale = amax / 448 (1
    for an all-zero block) and out = RNE(x / descale), saturated to +-448.
+   With pow2_descale, each descale is instead the power of two at or above
+   amax / 448 (as OCP's MX formats scale): the codes then span [224, 448]
+   at a block's largest instead of 448, and the FP8 forward, given such V
+   descales, keeps O in one scale across key blocks (fewer rescales).
    With hadamard, each row is first rotated by x -> H diag(s) x / sqrt(d)
    (H the Walsh-Hadamard matrix, s random signs from hadamard_seed, the same
    for every head and row): an orthogonal map, so Q and K rotated with the
@@ -277,6 +281,7 @@ typedef struct fa_quantize_params {
     fa_fp8_scaling scaling;
     int hadamard;
     uint64_t hadamard_seed;
+    int pow2_descale; /* nonzero: descales rounded up to powers of two */
 } fa_quantize_params;
 
 /* Partial results of one attention problem over disjoint key ranges (from
@@ -413,6 +418,24 @@ static inline FA_HOST_DEVICE float fa_i_hadamard_sign(uint64_t seed, int j)
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return ((z ^ (z >> 31)) & 1) ? -1.0f : 1.0f;
+}
+
+/* A group's descale from its amax (fa_quantize_params): amax / 448, or
+   with pow2 the power of two at or above it (2^-126 at least); 1 for an
+   all-zero group. The same bits on the CPU and the GPU. */
+static inline FA_HOST_DEVICE float fa_i_fp8_descale(float amax, int pow2)
+{
+    union {
+        float f;
+        uint32_t u;
+    } d;
+    if (!(amax > 0.0f)) return 1.0f;
+    d.f = amax / 448.0f;
+    if (pow2) {
+        if (d.u < 0x00800000u) d.u = 0x00800000u; /* subnormal: 2^-126 */
+        if (d.u & 0x007fffffu) d.u = (d.u & 0x7f800000u) + 0x00800000u;
+    }
+    return d.f;
 }
 
 /* Where the descale of row `row` of (b, h) sits in an array of the
@@ -3132,7 +3155,7 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
     if (!job.shared) return fa_i_fail(FA_ERR_OUT_OF_MEMORY, "%d block maxima", job.num_tasks);
     job.run = fa_i_quantize_amax_task;
     s = fa_i_run_job(&job, &o);
-    if (s == FA_OK) { /* descale = amax / 448 of each group; 1 where it is all zero */
+    if (s == FA_OK) { /* each group's descale from its amax */
         const int groups = p.scaling == FA_FP8_SCALE_BLOCK ? job.num_tasks
                            : p.scaling == FA_FP8_SCALE_HEAD ? bh : 1;
         const int per = job.num_tasks / groups;
@@ -3140,7 +3163,7 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
             float amax = 0.0f;
             for (j = 0; j < per; ++j)
                 amax = job.shared[i * per + j] > amax ? job.shared[i * per + j] : amax;
-            p.descale[i] = amax > 0.0f ? amax / 448.0f : 1.0f;
+            p.descale[i] = fa_i_fp8_descale(amax, p.pow2_descale);
         }
         job.run = fa_i_quantize_store_task;
         job.next_task = 0;
@@ -3162,6 +3185,10 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.7.1  FP8: fa_quantize_params.pow2_descale (descales as powers of two);
+          the GPU forward keeps O in one V scale where V's descales allow
+          and rescales O only where a row's max rose by more than 0.75 (base
+          2); the V transpose's address arithmetic trimmed
    0.7.0  GPU: decode takes 32 keys a warp step where a warp owns a row
           tile, its combine a programmatic dependent launch on 9.0+; paged
           decode walks a slice's rows from one address; the FA2 backward

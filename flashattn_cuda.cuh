@@ -254,8 +254,11 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 
 /* FP8 forward: P = 2^(s - max + FA_I_FP8_P_SHIFT), in [0, 256], so that
    small probabilities keep e4m3's normal range (the row sums carry it, LSE
-   takes it off). */
+   takes it off). A row's max stays until some row of the warp rises past
+   it by more than FA_I_FP8_MAX_SLACK (base 2), P then staying under
+   2^(8 + slack) = 430 < 448, e4m3's largest. */
 #define FA_I_FP8_P_SHIFT 8.0f
+#define FA_I_FP8_MAX_SLACK 0.75f
 #define FA_I_LOG2E_F 1.4426950408889634f
 #define FA_I_LN2_F 0.6931471805599453f
 #endif /* >> options */
@@ -803,6 +806,28 @@ static __device__ __forceinline__ float fa_i_dev_rcp(float x)
     float y;
     asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+/* FP8's V descales against O's units. O accumulates P V in units of one V
+   descale, dv_ref; key tile n's V has descale dvn (positive). Where
+   dvn / dv_ref is exactly a power of two at most 1 (equal descales, or
+   both powers of two: fa_quantize_params.pow2_descale), P takes it as
+   p_mul, exact in e4m3's exponent, and O keeps its units: returns 1.
+   Otherwise P takes no factor and O moves to units of dvn: returns O's
+   factor dv_ref / dvn, and dv_ref becomes dvn. */
+static __device__ __forceinline__ float fa_i_fp8_v_units(float dvn, float *dv_ref, float *p_mul)
+{
+    const uint32_t a = __float_as_uint(dvn), r = __float_as_uint(*dv_ref);
+    float o_mul;
+    *p_mul = 1.0f;
+    if (a == r) return 1.0f;
+    if (!((a | r) & 0x007fffffu) && a < r && a >= 0x00800000u && r - a < (126u << 23)) {
+        *p_mul = __uint_as_float(a - r + 0x3f800000u); /* 2^(exponent difference) */
+        return 1.0f;
+    }
+    o_mul = *dv_ref * fa_i_dev_rcp(dvn);
+    *dv_ref = dvn;
+    return o_mul;
 }
 
 /* Scalar loads and stores of a 16-bit element for the small kernels. */
@@ -2015,40 +2040,82 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_scores)(
 }
 
 /* The rows' max of the masked scores s, running max and sum; s becomes
-   P = 2^(score - max) in place, alpha each row's rescale factor for O. */
-static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_exps)(float *s, float log2_scale,
-                                                                  float *m_run, float *l_run,
-                                                                  float *alpha)
+   P = 2^(score - max) in place, alpha each row's rescale factor for O.
+   Returns whether O needs that rescale: always, but with FP8 only where
+   some row of the warp rose past its max by more than FA_I_FP8_MAX_SLACK
+   or O changes units (o_mul != 1); else the maxes stay and alpha is 1.
+   FP8's P also carries p_mul, a power of two (fa_i_fp8_v_units); the row
+   sums are of P without it. */
+static __device__ __forceinline__ int FA_I_KNAME_V(fa_i_fa3_exps)(float *s, float log2_scale,
+                                                                 float p_mul, float o_mul,
+                                                                 float *m_run, float *l_run,
+                                                                 float *alpha)
 {
     enum { BN = FA_I_FA3_BN };
-    int i, half;
+    float mx[2], ref[2];
+    int i, half, rescale = 1;
 #pragma unroll
     for (half = 0; half < 2; ++half) {
-        float mx = -INFINITY, ref, sum = 0.0f;
+        mx[half] = -INFINITY;
 #pragma unroll
-        for (i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
-        ref = fa_i_row_max_step(mx, log2_scale, &m_run[half], &alpha[half]);
+        for (i = 0; i < BN / 8; ++i)
+            mx[half] = fmaxf(mx[half], fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
+    }
 #if FA_I_FP8
-        ref -= FA_I_FP8_P_SHIFT; /* P in [0, 2^8]: e4m3's range (FA3, section 3.3) */
+#pragma unroll
+    for (half = 0; half < 2; ++half) {
+        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+        mx[half] = fmaxf(m_run[half], mx[half] * log2_scale);
+    }
+    /* (o_mul is the warpgroup's: where it moves O, the vote is not needed) */
+    rescale = o_mul != 1.0f || __any_sync(0xffffffffu, mx[0] > m_run[0] + FA_I_FP8_MAX_SLACK ||
+                                                           mx[1] > m_run[1] + FA_I_FP8_MAX_SLACK);
+#pragma unroll
+    for (half = 0; half < 2; ++half) {
+        alpha[half] = 1.0f;
+        if (rescale) { /* fa_i_row_max_step's update */
+            alpha[half] = fa_i_dev_exp2(m_run[half] - (mx[half] == -INFINITY ? 0.0f : mx[half]));
+            m_run[half] = mx[half];
+        }
+        /* p_mul = 2^k: k from its exponent bits, exactly */
+        ref[half] = (m_run[half] == -INFINITY ? 0.0f : m_run[half]) - FA_I_FP8_P_SHIFT -
+                    (float)((int)((__float_as_uint(p_mul) >> 23) & 0xff) - 127);
+    }
+#else
+    (void)p_mul;
+    (void)o_mul;
+#pragma unroll
+    for (half = 0; half < 2; ++half)
+        ref[half] = fa_i_row_max_step(mx[half], log2_scale, &m_run[half], &alpha[half]);
 #endif
+#pragma unroll
+    for (half = 0; half < 2; ++half) {
+        float sum = 0.0f;
 #pragma unroll
         for (i = 0; i < BN / 8; ++i) {
             float *e = s + 4 * i + 2 * half;
-            e[0] = fa_i_dev_exp2(fmaf(e[0], log2_scale, -ref));
-            e[1] = fa_i_dev_exp2(fmaf(e[1], log2_scale, -ref));
+            e[0] = fa_i_dev_exp2(fmaf(e[0], log2_scale, -ref[half]));
+            e[1] = fa_i_dev_exp2(fmaf(e[1], log2_scale, -ref[half]));
             sum += e[0] + e[1];
         }
+#if FA_I_FP8
+        sum *= fa_i_dev_rcp(p_mul); /* exact: a power of two */
+#endif
         l_run[half] = l_run[half] * alpha[half] + sum;
+        alpha[half] *= o_mul; /* O's factor; the sums keep their units */
     }
+    return rescale;
 }
 
-/* Form 0's softmax of one S tile: its scores, then the row max and exps. */
-static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(
+/* Form 0's softmax of one S tile: its scores, then the row max and exps;
+   returns whether O needs rescaling (fa_i_fa3_exps). */
+static __device__ __forceinline__ int FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(
     const fa_params *p, float *s, int c0, int mask, const int *lo, const int *hi,
-    float log2_scale, float *m_run, float *l_run, float *alpha)
+    float log2_scale, float p_mul, float o_mul, float *m_run, float *l_run, float *alpha)
 {
     FA_I_KNAME_V(fa_i_fa3_scores)(p, s, c0, mask, lo, hi);
-    FA_I_KNAME_V(fa_i_fa3_exps)(s, log2_scale, m_run, l_run, alpha);
+    return FA_I_KNAME_V(fa_i_fa3_exps)(s, log2_scale, p_mul, o_mul, m_run, l_run, alpha);
 }
 
 #if !FA_I_FP8
@@ -2094,7 +2161,7 @@ static __device__ __forceinline__ int FA_I_KNAME_V(fa_i_fa3_softmax_spec)(
     else
         fa_i_fence_f32(e, BN / 2);
     if (__any_sync(0xffffffffu, rose)) {
-        FA_I_KNAME_V(fa_i_fa3_exps)(s, log2_scale, m_run, l_run, alpha);
+        FA_I_KNAME_V(fa_i_fa3_exps)(s, log2_scale, 1.0f, 1.0f, m_run, l_run, alpha);
         if (!packed)
 #pragma unroll
             for (i = 0; i < BN / 2; ++i) e[i] = s[i];
@@ -2140,10 +2207,12 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_rescale_pack)(float
 /* Key tile n's scores on their own (a tile's first, or every one without
    the overlap): S = Q K(n)^T, K's stage released, form 0's softmax, O
    rescaled and P packed. s_mul: the factor of S before a softcap (the
-   FP8 descales; 1 otherwise). */
+   FP8 descales; 1 otherwise); p_mul and o_mul: FP8's factors of P and O
+   (fa_i_fp8_v_units; 1 otherwise). */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
     const fa_params *p, const fa_i_fa3_smem *L, uint32_t sq_wg, fa_i_ring kn, int n, int mask,
-    const int *lo, const int *hi, float log2_scale, float s_mul, int cw, FA_I_FA3_ROWS_STATE)
+    const int *lo, const int *hi, float log2_scale, float s_mul, float p_mul, float o_mul, int cw,
+    FA_I_FA3_ROWS_STATE)
 {
     enum {
         BN = FA_I_FA3_BN, NC = FA_I_FA3_NC, TILE = BN * FA_I_D * FA_I_FA3_ES,
@@ -2159,7 +2228,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
     if (p->softcap > 0.0f)
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] *= s_mul;
-    FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(p, s, n * BN, mask, lo, hi, log2_scale, m_run, l_run, alpha);
+    FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(p, s, n * BN, mask, lo, hi, log2_scale, p_mul, o_mul,
+                                          m_run, l_run, alpha);
     FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
 }
 
@@ -2181,28 +2251,26 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_issue)(
 }
 
 /* Form 0: S(n) waited for alone, its softmax (row max first) while PV(n - 1)
-   runs, then PV's wait, O rescaled and P packed. s_mul as in first_step;
-   o_mul: a factor of O beside the softmax's (FP8: V(n - 1)'s descale over
-   V(n)'s, O being kept in units of the last V tile's; 1 otherwise). */
+   runs, then PV's wait, O rescaled (where the softmax asks) and P packed.
+   s_mul, p_mul and o_mul as in first_step. */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_rowmax)(
     const fa_params *p, const fa_i_fa3_smem *L, uint32_t sq_wg, fa_i_ring kn, fa_i_ring vprev,
-    int n, int mask, const int *lo, const int *hi, float log2_scale, float s_mul, float o_mul,
-    int cw, FA_I_FA3_ROWS_STATE)
+    int n, int mask, const int *lo, const int *hi, float log2_scale, float s_mul, float p_mul,
+    float o_mul, int cw, FA_I_FA3_ROWS_STATE)
 {
     enum { BN = FA_I_FA3_BN };
-    int i;
+    int i, rescale;
     FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(1);
     fa_i_fa3_s_landed(L, kn, s, BN / 2);
     if (p->softcap > 0.0f)
 #pragma unroll
         for (i = 0; i < BN / 2; ++i) s[i] *= s_mul;
-    FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(p, s, n * BN, mask, lo, hi, log2_scale, m_run, l_run, alpha);
-    alpha[0] *= o_mul;
-    alpha[1] *= o_mul;
+    rescale = FA_I_KNAME_V(fa_i_fa3_softmax_rowmax)(p, s, n * BN, mask, lo, hi, log2_scale, p_mul,
+                                                    o_mul, m_run, l_run, alpha);
     FA_I_WGMMA_WAIT(0);
     fa_i_fa3_pv_landed(L, vprev, o, FA_I_D / 2, pr, FA_I_FA3_PR);
-    FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, 1);
+    FA_I_KNAME_V(fa_i_fa3_rescale_pack)(o, s, pr, alpha, rescale);
 }
 
 #if !FA_I_FP8
@@ -2332,35 +2400,41 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const 
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
         RB = FA_I_FA3_RB, TILE = BN * D, KEY_UNITS = BN / 16, UNITS = KEY_UNITS * (D / 32)
     };
-    const int lane = threadIdx.x & 31, mi = lane >> 3, row = lane & 7;
+    const uint32_t lane = threadIdx.x & 31, mi = lane >> 3, row = lane & 7;
     /* this lane's row of each matrix: the ldmatrix's key and d, the
-       stmatrix's row of V^T */
-    const int ld_key = 8 * (mi & 1) + row, ld_d = 16 * (mi >> 1);
-    const int st_d = 16 * (mi >> 1) + 2 * row + (mi & 1);
+       stmatrix's row of V^T; the swizzles' row terms (a key's and a V^T
+       row's low bits do not change with the unit: units start at multiples
+       of 16 keys and 32 of d) */
+    const uint32_t ld_key = 8 * (mi & 1) + row, ld_d = 16 * (mi >> 1);
+    const uint32_t st_d = 16 * (mi >> 1) + 2 * row + (mi & 1);
+    const uint32_t key_swz = RB == 128 ? ld_key & 7 : (ld_key >> 1) & 3;
+    const uint32_t vt_row_swz = BN == 128 ? st_d & 7 : (st_d >> 1) & 3;
     const int blocks_m = (p->seqlen_q + BM - 1) / BM;
     int64_t k;
     int it = 0, mb, h, b, have = fa_i_fa3_tile(p, 0, blocks_m, &mb, &h, &b);
     for (k = 0; have; ++k) {
-        int first_lo, last_hi, n, u;
+        int first_lo, last_hi, n;
         fa_i_rows_key_span(p, mb * BM, min(mb * BM + BM, p->seqlen_q), &first_lo, &last_hi);
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
-            const uint32_t src = L->svr + r.stage * TILE, dst = L->sv + r.stage * TILE;
+            const uint32_t src = L->svr + r.stage * TILE + ld_key * RB;
+            const uint32_t dst = L->sv + r.stage * TILE + st_d * BN;
+            uint32_t u;
             fa_i_mbar_wait(L->vr_full + 8 * r.stage, r.phase);
             fa_i_mbar_wait(L->v_empty + 8 * r.stage, r.phase ^ 1);
-            for (u = warp; u < UNITS; u += 3) {
-                const int kg = u % KEY_UNITS, c0 = 32 * (u / KEY_UNITS);
-                const int key = 16 * kg + ld_key, dd = c0 + ld_d, vt = c0 + st_d;
-                const int unit = (dd % RB) >> 4;
-                const int swz = RB == 128 ? unit ^ (key & 7) : unit ^ ((key >> 1) & 3);
-                const int vt_swz = BN == 128 ? kg ^ (vt & 7) : kg ^ ((vt >> 1) & 3);
+            for (u = (uint32_t)warp; u < UNITS; u += 3) {
+                /* unit u: keys 16 kg.., d 32 cd.. (its ldmatrix reads d
+                   chunk dd / RB, 16-byte unit (dd % RB) / 16 of a row) */
+                const uint32_t kg = u % KEY_UNITS, cd = u / KEY_UNITS;
+                const uint32_t dd = 32 * cd + ld_d, unit = (dd % RB) >> 4;
                 uint32_t x[4], y[4];
-                fa_i_ldsm_x4_trans(x, src + (dd / RB) * BN * RB + key * RB + (swz << 4));
+                fa_i_ldsm_x4_trans(x, src + (dd / RB) * BN * RB + 16 * kg * RB +
+                                          ((unit ^ key_swz) << 4));
                 y[0] = __byte_perm(x[0], x[1], 0x6420);
                 y[1] = __byte_perm(x[0], x[1], 0x7531);
                 y[2] = __byte_perm(x[2], x[3], 0x6420);
                 y[3] = __byte_perm(x[2], x[3], 0x7531);
-                fa_i_stsm_x4(dst + vt * BN + (vt_swz << 4), y);
+                fa_i_stsm_x4(dst + 32 * cd * BN + ((kg ^ vt_row_swz) << 4), y);
             }
             fa_i_fence_proxy_async();
             __syncwarp();
@@ -2487,14 +2561,24 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         const float *dv = p->v_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,
                                                             p->heads_kv, p->seqlen_k, 0);
 #define FA_I_KEY_BLOCK(n) ((n) * BN / FA_FP8_BLOCK * ds_step)
+        /* O's units (fa_i_fp8_v_units): first the largest V descale among
+           the tile's key blocks, so that with power-of-two descales every
+           key tile's factor of P is at most 1 and O never changes units */
+        float dv_ref = 0.0f;
+        if (n_first < n_end)
+            for (i = FA_I_KEY_BLOCK(n_first) + lane; i <= FA_I_KEY_BLOCK(n_end - 1); i += 32)
+                dv_ref = fmaxf(dv_ref, dv[i]);
+#pragma unroll
+        for (i = 16; i > 0; i >>= 1) dv_ref = fmaxf(dv_ref, __shfl_xor_sync(0xffffffffu, dv_ref, i));
 #define FA_I_S_MUL(n) (dq * dk[FA_I_KEY_BLOCK(n)])
 #define FA_I_LOG2_SCALE(n) (p->softcap > 0.0f ? 1.0f : log2_scale * FA_I_S_MUL(n))
-#define FA_I_O_MUL(n) (dv[FA_I_KEY_BLOCK((n) - 1)] / dv[FA_I_KEY_BLOCK(n)])
+#define FA_I_V_UNITS(n) (o_mul = fa_i_fp8_v_units(dv[FA_I_KEY_BLOCK(n)], &dv_ref, &p_mul))
 #else
 #define FA_I_S_MUL(n) 1.0f
 #define FA_I_LOG2_SCALE(n) log2_scale
-#define FA_I_O_MUL(n) 1.0f
+#define FA_I_V_UNITS(n) ((void)0)
 #endif
+        float p_mul = 1.0f, o_mul = 1.0f; /* key tile n's factors of P and O */
 /* Key tile n's ring entry, and the bounds its mask needs. */
 #define FA_I_RING(n) fa_i_ring_at(it + (n) - n_first, STAGES)
 #define FA_I_MASKED(n) \
@@ -2516,11 +2600,13 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
 #if !FA_I_FP8
             float e[SOFTMAX == 1 ? BN / 2 : 1]; /* form 1's P, beside PV(n - 1)'s operand */
 #endif
+            FA_I_V_UNITS(n_first);
             FA_I_KNAME_V(fa_i_fa3_first_step)(p, L, sq_wg, FA_I_RING(n_first), n_first,
                                               FA_I_MASKED(n_first), lo, hi,
-                                              FA_I_LOG2_SCALE(n_first), FA_I_S_MUL(n_first), cw,
-                                              FA_I_FA3_ROWS_ARGS);
+                                              FA_I_LOG2_SCALE(n_first), FA_I_S_MUL(n_first), p_mul,
+                                              o_mul, cw, FA_I_FA3_ROWS_ARGS);
             for (n = n_first + 1; n < n_end; ++n) {
+                FA_I_V_UNITS(n);
 #if !FA_I_FP8
                 if (SOFTMAX == 2)
                     FA_I_KNAME_V(fa_i_fa3_step_packed)(p, L, sq_wg, FA_I_RING(n), FA_I_RING(n - 1),
@@ -2535,7 +2621,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
                     FA_I_KNAME_V(fa_i_fa3_step_rowmax)(p, L, sq_wg, FA_I_RING(n),
                                                        FA_I_RING(n - 1), n, FA_I_MASKED(n), lo,
                                                        hi, FA_I_LOG2_SCALE(n), FA_I_S_MUL(n),
-                                                       FA_I_O_MUL(n), cw, FA_I_FA3_ROWS_ARGS);
+                                                       p_mul, o_mul, cw, FA_I_FA3_ROWS_ARGS);
             }
             /* issued here, waited for below the next tile's coordinates */
             fa_i_mbar_wait(L->v_full + 8 * last_stage, FA_I_RING(n_end - 1).phase);
@@ -2547,7 +2633,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         for (n = n_first; n < n_end; ++n) { /* one GEMM after another */
             const fa_i_ring r = FA_I_RING(n);
             FA_I_KNAME_V(fa_i_fa3_first_step)(p, L, sq_wg, r, n, FA_I_MASKED(n), lo, hi,
-                                              log2_scale, 1.0f, cw, FA_I_FA3_ROWS_ARGS);
+                                              log2_scale, 1.0f, 1.0f, 1.0f, cw, FA_I_FA3_ROWS_ARGS);
             fa_i_mbar_wait(L->v_full + 8 * r.stage, r.phase);
             FA_I_KNAME_V(fa_i_fa3_pv)(o, pr, L->sv + r.stage * TILE);
             FA_I_WGMMA_WAIT(0);
@@ -2567,8 +2653,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[i] = l == 0.0f ? 0.0f : fa_i_dev_rcp(l); /* a NaN l stays NaN */
-#if FA_I_FP8 /* O in units of the last V tile's descale; P was 2^8 too large */
-            if (n_first < n_end) inv[i] *= dv[FA_I_KEY_BLOCK(n_end - 1)];
+#if FA_I_FP8 /* O in units of dv_ref; P was 2^8 too large */
+            if (n_first < n_end) inv[i] *= dv_ref;
             if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
                 p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
                     l == 0.0f ? -INFINITY
@@ -2596,7 +2682,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
 #undef FA_I_MASKED
 #undef FA_I_S_MUL
 #undef FA_I_LOG2_SCALE
-#undef FA_I_O_MUL
+#undef FA_I_V_UNITS
 #undef FA_I_KEY_BLOCK
         it += n_end > n_first ? n_end - n_first : 0;
         if (O_APART) {
@@ -3317,7 +3403,7 @@ static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_par
     __syncthreads();
     for (i = 0; i < FA_I_QUANT_WARPS; ++i) amax = fmaxf(amax, part[i]);
     {
-        const float descale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        const float descale = fa_i_fp8_descale(amax, p.pow2_descale);
         inv = 1.0f / descale;
         if (threadIdx.x == 0)
             p.descale[((int64_t)b * p.heads + h) * ((p.seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK) +

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests, demo, then the benchmark.
 # Logs go to $OUT (the device tool's folder) or /tmp/flashattn-device.
-# Usage: [TEST_PART=k/n] [TOOL=memcheck|...] bash bench/device_run.sh
+# Usage: [TEST_PART=k/n] [TOOL=memcheck|...] [EXCLUDE=regex] bash bench/device_run.sh
 #        [tests|bench|fp8|ring|sanitize|all] [bench args...]
 set -uo pipefail
 out=${OUT:-/tmp/flashattn-device}
@@ -22,7 +22,8 @@ if ! make -j16 $targets >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; 
 # seconds); $1 is the command a chunk runs under (empty: none), $2 the log.
 gpu_slices() {
     local runner=$1 log=$2 part=${TEST_PART:-1/1} total k n first last chunk t0 rc
-    python3 tests/run_tests.py --list gpu_ | grep '^gpu_' >"$out/names.txt"
+    # EXCLUDE: names left out (e.g. the 2-minute fuzz under a sanitizer)
+    python3 tests/run_tests.py --list gpu_ | grep '^gpu_' | grep -v -E "${EXCLUDE:-^$}" >"$out/names.txt"
     total=$(wc -l <"$out/names.txt")
     k=${part%/*} n=${part#*/}
     first=$(( (k - 1) * total / n + 1 )) last=$(( k * total / n ))

@@ -5,9 +5,10 @@ Usage:
   ncu --section SourceCounters --section WarpStateStats -k regex:NAME -o REP \
       python3 bench/profile_gpu.py ...
   ncu -i REP.ncu-rep -k regex:NAME --page source --csv --print-source sass > lines.csv
-  python3 bench/sass_summary.py lines.csv WARPS
+  python3 bench/sass_summary.py lines.csv WARPS [TOP]
 WARPS: the launch's warps (CTAs x warps per CTA), so that counts read per warp;
-a line run once per key tile then shows as the number of key tiles."""
+a line run once per key tile then shows as the number of key tiles. TOP: also
+list the TOP lines with the most stall samples, in address order."""
 import collections
 import csv
 import sys
@@ -28,8 +29,9 @@ def main():
     source, executed = cols.index("Source"), cols.index("Instructions Executed")
     stalls = cols.index("Warp Stall Sampling (All Samples)")
     by_op, by_runs, stall_by_op = collections.Counter(), collections.Counter(), collections.Counter()
-    for r in rows[head + 1:]:
-        words = r[source].split() if len(r) > stalls else []
+    lines = [r for r in rows[head + 1:] if len(r) > max(source, executed, stalls)]
+    for r in lines:
+        words = r[source].split()
         if not words:
             continue
         op = (words[1] if words[0].startswith("@") and len(words) > 1 else words[0]).split(".")[0]
@@ -47,6 +49,13 @@ def main():
     print("runs per warp: instructions per warp from lines run that often")
     for runs, n in sorted(by_runs.items()):
         print(f"  x{runs:7.1f}: {n / warps:9.1f}")
+    if len(sys.argv) > 3:
+        top = sorted(range(len(lines)), key=lambda i: -number(lines[i][stalls]))[:int(sys.argv[3])]
+        print(f"the {len(top)} lines with the most stall samples (line, share, per warp, SASS)")
+        for i in sorted(top):
+            r = lines[i]
+            print(f"  {i:5d} {100 * number(r[stalls]) / samples:5.2f}% {number(r[executed]) / warps:9.1f}"
+                  f"  {r[source].strip()[:90]}")
 
 
 if __name__ == "__main__":

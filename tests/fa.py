@@ -69,7 +69,7 @@ class QuantizeParams(ctypes.Structure):
         ("head_dim", ctypes.c_int), ("dtype", ctypes.c_int), ("x", ctypes.c_void_p),
         ("x_layout", Layout), ("out", ctypes.c_void_p), ("out_layout", Layout),
         ("descale", ctypes.c_void_p), ("scaling", ctypes.c_int), ("hadamard", ctypes.c_int),
-        ("hadamard_seed", ctypes.c_uint64),
+        ("hadamard_seed", ctypes.c_uint64), ("pow2_descale", ctypes.c_int),
     ]
 
 

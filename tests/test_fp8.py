@@ -57,7 +57,7 @@ def expand_descale(ds, scaling, b, n, h):
     return ds.astype(np.float64)[:, :, rows].transpose(0, 2, 1)[..., None]
 
 
-def quantize_params(x, out, descale, scaling, hadamard, seed):
+def quantize_params(x, out, descale, scaling, hadamard, seed, pow2=False):
     b, n, h, d = x.view.shape
     qp = fa.QuantizeParams()
     qp.batch, qp.heads, qp.seqlen, qp.head_dim = b, h, n, d
@@ -65,18 +65,19 @@ def quantize_params(x, out, descale, scaling, hadamard, seed):
     qp.x, qp.x_layout, qp.out, qp.out_layout = x.ptr, x.layout, out.ptr, out.layout
     qp.descale = descale.ctypes.data
     qp.scaling, qp.hadamard, qp.hadamard_seed = fa.SCALINGS[scaling], int(hadamard), seed
+    qp.pow2_descale = int(pow2)
     return qp
 
 
 def run_quantize(backend, values, src_dtype="bf16", scaling="block", hadamard=False, seed=7,
-                 layout="bshd"):
+                 layout="bshd", pow2=False):
     """Quantizes values (float64 [B, N, H, d]) stored in src_dtype; returns
     (status, e4m3 codes [B, N, H, d], descales, the params, the input tensor)."""
     b, n, h, d = values.shape
     x = fa.Tensor(values.shape, src_dtype, layout, values)
     out = fa.Tensor(values.shape, "fp8", layout)
     ds = np.full(descale_shape(scaling, b, n, h), np.nan, np.float32)
-    qp = quantize_params(x, out, ds, scaling, hadamard, seed)
+    qp = quantize_params(x, out, ds, scaling, hadamard, seed, pow2)
     if backend == "cpu":
         status = fa.CPU.fa_cpu_quantize_fp8(ctypes.byref(qp), ctypes.byref(fa.CpuOptions(2, 0)))
     else:
@@ -107,15 +108,17 @@ def e4m3_conversions_match_the_format():
     assert not bad.any(), list(zip(xs[bad][:5], got[bad][:5], want[bad][:5]))
 
 
-def quantize_case(backend, scaling, hadamard, src_dtype="bf16", shape=(2, 300, 3, 128)):
-    """Descales = amax / 448 per group of the (rotated) input; each code within
-    half an e4m3 step of value / descale; the C rotation equals float64's and
-    keeps dot products."""
-    rng = rng_for(f"quant{backend}{scaling}{hadamard}{src_dtype}{shape}")
+def quantize_case(backend, scaling, hadamard, src_dtype="bf16", shape=(2, 300, 3, 128),
+                  pow2=False):
+    """Descales = amax / 448 per group of the (rotated) input (with pow2 the
+    power of two at or above it); each code within half an e4m3 step of
+    value / descale; the C rotation equals float64's and keeps dot
+    products."""
+    rng = rng_for(f"quant{backend}{scaling}{hadamard}{src_dtype}{shape}{pow2}")
     b, n, h, d = shape
     x = outliers(rng, shape)
     x[:, :, 0, :] = 0.0  # a head of zeros: descales of 1
-    status, codes, ds, qp, xt = run_quantize(backend, x, src_dtype, scaling, hadamard)
+    status, codes, ds, qp, xt = run_quantize(backend, x, src_dtype, scaling, hadamard, pow2=pow2)
     assert status == fa.FA_OK, fa.status_name(status)
     src = xt.values()
     rot = rotate(src, 7) if hadamard else src
@@ -128,6 +131,9 @@ def quantize_case(backend, scaling, hadamard, src_dtype="bf16", shape=(2, 300, 3
     else:
         amax = a.max(axis=group + (3,)).reshape(ds.shape)
     want = np.where(amax > 0, amax / 448.0, 1.0)
+    if pow2:
+        want = 2.0 ** np.ceil(np.log2(want))
+        assert (np.frexp(ds)[0] == 0.5).all(), "descales not powers of two"
     assert np.allclose(ds, want, rtol=2e-6, atol=0), "descales"
     per_row = expand_descale(ds, scaling, b, n, h)
     deq = fa.E4M3[codes] * per_row
@@ -155,15 +161,17 @@ for scaling in ("block", "head", "tensor"):
 case("fp8_quantize_cpu_f32_d64_odd_rows", quantize_case, "cpu", "block", True, "f32",
      (1, 129, 2, 64))
 case("fp8_quantize_cpu_f16_d80", quantize_case, "cpu", "head", False, "f16", (1, 70, 2, 80))
+case("fp8_quantize_cpu_block_hadamard_pow2", quantize_case, "cpu", "block", True, pow2=True)
+case("fp8_quantize_cpu_tensor_pow2", quantize_case, "cpu", "tensor", False, pow2=True)
 
 
-def gpu_quantize_matches_cpu(shape, src_dtype, hadamard, layout="bshd"):
+def gpu_quantize_matches_cpu(shape, src_dtype, hadamard, layout="bshd", pow2=False):
     """The GPU quantizer gives the CPU's bits: codes and descales."""
     need_gpu()
     rng = rng_for(f"gq{shape}{src_dtype}{hadamard}{layout}")
     x = outliers(rng, shape)
-    cpu = run_quantize("cpu", x, src_dtype, "block", hadamard, 11, layout)
-    gpu = run_quantize("gpu", x, src_dtype, "block", hadamard, 11, layout)
+    cpu = run_quantize("cpu", x, src_dtype, "block", hadamard, 11, layout, pow2)
+    gpu = run_quantize("gpu", x, src_dtype, "block", hadamard, 11, layout, pow2)
     assert cpu[0] == fa.FA_OK and gpu[0] == fa.FA_OK, (fa.status_name(cpu[0]), fa.status_name(gpu[0]))
     assert np.array_equal(cpu[2], gpu[2]), "descales differ"
     same = cpu[1] == gpu[1]
@@ -180,6 +188,8 @@ for shape, src_dtype, hadamard, layout in (((2, 300, 3, 128), "bf16", True, "bsh
     case(f"gpu_fp8_quantize_matches_cpu_{'x'.join(map(str, shape))}_{src_dtype}"
          f"{'_hadamard' if hadamard else ''}_{layout}", gpu_quantize_matches_cpu, shape,
          src_dtype, hadamard, layout)
+case("gpu_fp8_quantize_matches_cpu_2x300x3x128_bf16_hadamard_pow2", gpu_quantize_matches_cpu,
+     (2, 300, 3, 128), "bf16", True, "bshd", True)
 
 
 class Fp8Problem:
@@ -189,7 +199,7 @@ class Fp8Problem:
     def __init__(self, rng, batch=1, heads_q=2, heads_kv=0, seqlen_q=64, seqlen_k=64,
                  head_dim=128, scaling="block", hadamard=False, o_dtype="bf16", causal=False,
                  window=None, softcap=0.0, scale=0.0, amplitude=1.0, spikes=True,
-                 k_is_q=False):
+                 k_is_q=False, pow2=False):
         self.b, self.hq, self.hkv = batch, heads_q, heads_kv or heads_q
         self.nq, self.nk, self.d = seqlen_q, seqlen_k, head_dim
         self.scaling, self.o_dtype, self.k_is_q = scaling, o_dtype, k_is_q
@@ -204,7 +214,7 @@ class Fp8Problem:
             if name == "k" and k_is_q:
                 x = self.source_q
             self.source_q = x
-            status, codes, ds, _, _ = run_quantize("cpu", x, "bf16", scaling, rot, 5)
+            status, codes, ds, _, _ = run_quantize("cpu", x, "bf16", scaling, rot, 5, pow2=pow2)
             assert status == fa.FA_OK
             self.t[name] = (fa.Tensor(codes.shape, "fp8", "bshd"), ds)
             self.t[name][0].view[...] = codes
@@ -292,6 +302,8 @@ case("fp8_fwd_cpu_window_softcap_d80", fp8_forward_case, CPU_BACKENDS, seqlen_q=
      seqlen_k=257, window=(40, 3), softcap=20.0, head_dim=80)
 case("fp8_fwd_cpu_lengths_1", fp8_forward_case, CPU_BACKENDS, seqlen_q=1, seqlen_k=1,
      head_dim=256)
+case("fp8_fwd_cpu_block_pow2", fp8_forward_case, CPU_BACKENDS, seqlen_q=200, seqlen_k=333,
+     hadamard=True, pow2=True)
 
 
 def gpu_fp8_forward(**cfg):
@@ -322,6 +334,12 @@ for d in (64, 128, 256):
     for nq, nk in ((1, 1), (1, 129), (17, 1), (128, 128), (1000, 1000)):
         case(f"gpu_fp8_fwd_d{d}_len_{nq}_{nk}", gpu_fp8_forward, seqlen_q=nq, seqlen_k=nk,
              head_dim=d)
+    # power-of-two descales: O keeps one scale across V's blocks (P takes
+    # their ratios), and with one key per row O is still V exactly
+    case(f"gpu_fp8_fwd_d{d}_block_pow2", gpu_fp8_forward, seqlen_q=300, seqlen_k=1500,
+         head_dim=d, hadamard=True, pow2=True)
+    case(f"gpu_fp8_fwd_d{d}_one_key_per_row_pow2", gpu_fp8_forward, seqlen_q=640, seqlen_k=640,
+         head_dim=d, scale=16.0, spikes=False, k_is_q=True, pow2=True)
 
 
 # ---- bad input ---------------------------------------------------------------

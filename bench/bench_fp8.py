@@ -8,9 +8,10 @@
    descales and the Hadamard rotation of Q and K (fa_cuda_quantize_fp8),
    also with power-of-two descales (pow2_descale).
 2. Speed: the FP8 forward (block descales as amax / 448 and as powers of
-   two) against our bf16 forward on the same shapes, side by side in one
-   process (the sweep of bench_gpu.py: hidden 2048, B N = 16384), every FP8
-   output checked against the bf16 one first.
+   two) against our bf16 forward on the same shapes, and cuDNN's FP8
+   attention where its frontend is installed (../shared/peers), side by side
+   in one process (the sweep of bench_gpu.py: hidden 2048, B N = 16384),
+   every FP8 output checked against the bf16 one first.
 3. The quantize kernel's GB/s (bf16 in, e4m3 and descales out, with the
    Hadamard rotation) against a device copy of the same tensor.
 Writes bench/results_fp8.md and .json (or --out DIR).
@@ -161,6 +162,73 @@ def accuracy(dims, n=2048, heads=8):
     return rows
 
 
+def cudnn_fp8(q, k, v, causal):
+    """cuDNN's FP8 attention through its Python frontend (nvidia-cudnn-frontend,
+    staged by ../shared/peers): Q, K, V (bf16 [B, N, H, d]) cast to e4m3 with
+    one descale per tensor (the frontend's sdpa_fp8 takes no others), P
+    scaled by 448 into e4m3, O out in e4m3 at scale 1. Returns (the call, its
+    O as float32) or None where the frontend is missing or declines."""
+    try:
+        import cudnn
+    except ImportError:
+        return None
+    try:
+        d = q.shape[3]
+
+        def cast(x):
+            ds = (x.float().abs().amax() / 448.0).clamp(min=1e-30)
+            return (x.float() / ds).to(torch.float8_e4m3fn), ds.reshape(1, 1, 1, 1)
+
+        (q8, dq), (k8, dk), (v8, dv) = cast(q), cast(k), cast(v)
+        o8 = torch.empty_like(q8)
+        one = torch.ones(1, 1, 1, 1, dtype=torch.float32, device="cuda")
+        s_scale, s_descale = one * 448.0, one / 448.0
+        amax_s, amax_o = torch.empty_like(one), torch.empty_like(one)
+        handle = cudnn.create_handle()
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        g = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3,
+                          intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+
+        def bhsd(x):  # the frontend's [B, H, N, d] dims over our BSHD storage
+            return x.transpose(1, 2)
+
+        tq, tk, tv = (g.tensor_like(bhsd(x)).set_data_type(cudnn.data_type.FP8_E4M3)
+                      for x in (q8, k8, v8))
+        scalars = (dq, dk, dv, s_descale, s_scale, one)
+        td = [g.tensor_like(x) for x in scalars]
+        args = dict(q=tq, k=tk, v=tv, descale_q=td[0], descale_k=td[1], descale_v=td[2],
+                    descale_s=td[3], scale_s=td[4], scale_o=td[5], attn_scale=d ** -0.5,
+                    use_causal_mask=causal)
+        try:
+            to, _, ts, tmo = g.sdpa_fp8(generate_stats=False, **args)
+        except TypeError:  # older frontends name it is_inference
+            to, _, ts, tmo = g.sdpa_fp8(is_inference=True, **args)
+        to.set_output(True).set_dim(list(bhsd(o8).shape)).set_stride(list(bhsd(o8).stride()))
+        to.set_data_type(cudnn.data_type.FP8_E4M3)
+        for t in (ts, tmo):
+            t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1])
+            t.set_data_type(cudnn.data_type.FLOAT)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        workspace = torch.empty(max(1, g.get_workspace_size()), dtype=torch.uint8, device="cuda")
+        pack = {tq: q8, tk: k8, tv: v8, to: o8, ts: amax_s, tmo: amax_o}
+        pack.update(zip(td, scalars))
+
+        def run():
+            g.execute(pack, workspace, handle=handle)
+
+        run()
+        torch.cuda.synchronize()
+        return run, o8.float()
+    except Exception as e:  # noqa: BLE001 (a peer that declines leaves its column out)
+        print(f"cuDNN FP8 not run: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
 EXTRA = {}  # --extra NAME=build.so: further builds' FP8 forward, timed beside
 TIMING_ONLY = False  # --timing-only: extras with parts taken out on purpose (errors printed)
 
@@ -192,6 +260,13 @@ def speed(dims, sizes, rounds, reps, warm_s):
                 assert err2 < 0.08, f"d={d} N={n} causal={causal}: fp8 pow2 vs bf16 error {err2:.3g}"
                 flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
                 fns = {"bf16": bf.forward, "fp8": f8.forward, "fp8_pow2": f8p.forward}
+                peer = cudnn_fp8(q, k, v, causal)
+                if peer is not None:
+                    c_err = ((peer[1] - o_bf).norm() / o_bf.norm()).item()
+                    if c_err < 0.1:
+                        fns["cudnn_fp8"] = peer[0]
+                    else:
+                        print(f"cuDNN FP8: d={d} N={n} causal={causal}: error {c_err:.3g}, not timed")
                 for name, lib in EXTRA.items():
                     impl = Attention(qc, kc, vc, causal, [qd, kd, vd], lib=lib)
                     if impl.algorithm() != 3:
@@ -255,15 +330,21 @@ def write(out, acc, spd, qnt):
                      f"{r['fp8_tensor'] / r['fp8_block_hadamard']:.2f} |")
     lines += ["", "## Speed (TFLOP/s; hidden 2048, B N = 16384; same process, alternating rounds)\n",
               "| d | N | causal | bf16 | FP8 | FP8 / bf16 | FP8, power-of-two descales | "
-              "its / bf16 | rel. diff vs bf16 |", "|---|---|---|---|---|---|---|---|---|"]
+              "its / bf16 | cuDNN FP8 (per tensor) | ours pow2 / cuDNN | rel. diff vs bf16 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in spd:
+        cud = r.get("cudnn_fp8")
+        peer = f"{cud:.0f} | {r['fp8_pow2'] / cud:.2f}" if cud else "- | -"
         lines.append(f"| {r['d']} | {r['n']} | {int(r['causal'])} | {r['bf16']:.0f} | {r['fp8']:.0f} | "
                      f"{r['fp8'] / r['bf16']:.2f} | {r['fp8_pow2']:.0f} | "
-                     f"{r['fp8_pow2'] / r['bf16']:.2f} | {r['err_vs_bf16']:.3f} |")
-    lines += ["", "Peers: cuDNN's FP8 attention was not run side by side (its frontend wheel is "
-              "staged through ../shared/peers, which this run lacked); cuDNN 9.27's published "
-              "H200 FP8 forward (GQA 64/8, d = 128): 1039 TFLOP/s at 8k, 976 at 16k. "
-              "FlashAttention-3's paper (H100): d = 128 ~1008, d = 256 ~1171 at 16k."]
+                     f"{r['fp8_pow2'] / r['bf16']:.2f} | {peer} | {r['err_vs_bf16']:.3f} |")
+    ran = any(r.get("cudnn_fp8") for r in spd)
+    lines += ["", ("cuDNN FP8: its Python frontend's sdpa_fp8 in the same process (one descale "
+                   "per tensor, O in e4m3). " if ran else
+                   "cuDNN's FP8 attention was not run side by side (its frontend wheel comes "
+                   "staged through ../shared/peers, which this run lacked). ") +
+              "Published: cuDNN 9.27's H200 FP8 forward (GQA 64/8, d = 128) 1039 TFLOP/s at "
+              "8k, 976 at 16k; FlashAttention-3's paper (H100) d = 128 ~1008, d = 256 ~1171 at 16k."]
     lines += ["", "## Quantize kernel (GB/s: bf16 read, e4m3 and descales written)\n",
               "| shape B x N x H x d | copy | quantize | with Hadamard | Hadamard / copy |",
               "|---|---|---|---|---|"]

@@ -24,7 +24,7 @@
     X(lse_parts) X(part_layout) X(dtype) X(o) X(o_layout) X(lse) X(accumulate)
 #define FA_TEST_QUANTIZE_FIELDS(X)                                                      \
     X(batch) X(heads) X(seqlen) X(head_dim) X(dtype) X(x) X(x_layout) X(out) X(out_layout) \
-    X(descale) X(scaling) X(hadamard) X(hadamard_seed)
+    X(descale) X(scaling) X(hadamard) X(hadamard_seed) X(pow2_descale)
 
 /* fa_test_<stem>_size() = sizeof(type); fa_test_<stem>_offset(name) =
    offsetof(type, name), or (size_t)-1 for an unknown name. */

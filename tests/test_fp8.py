@@ -162,6 +162,29 @@ case("fp8_quantize_cpu_f32_d64_odd_rows", quantize_case, "cpu", "block", True, "
      (1, 129, 2, 64))
 case("fp8_quantize_cpu_f16_d80", quantize_case, "cpu", "head", False, "f16", (1, 70, 2, 80))
 case("fp8_quantize_cpu_block_hadamard_pow2", quantize_case, "cpu", "block", True, pow2=True)
+
+
+@test
+def fp8_pow2_descales_at_their_edges():
+    """pow2_descale: a block whose amax / 448 is a power of two keeps it, one
+    just above goes to the next, one below float's normal range gets 2^-126,
+    a zero block 1; the code of each block's largest element lands in
+    [224, 448] (but in the clamped block, whose values are 2^5 below)."""
+    b, h, d = 1, 1, 16
+    amaxes = [448.0, 448.0 * 2.0**-3, 448.0 * 1.25, 448.0 * 2.0**-131, 0.0, 3.0]
+    want = [1.0, 2.0**-3, 2.0, 2.0**-126, 1.0, 2.0**-7]
+    x = np.zeros((b, fa.FP8_BLOCK * len(amaxes), h, d))
+    for i, a in enumerate(amaxes):
+        x[0, i * fa.FP8_BLOCK, 0, :] = np.linspace(-a, a / 2, d)  # -amax leads
+    status, codes, ds, _, _ = run_quantize("cpu", x, "f32", "block", pow2=True)
+    assert status == fa.FA_OK, fa.status_name(status)
+    assert np.array_equal(ds.ravel(), np.array(want, np.float32)), ds.ravel()
+    lead = np.abs(fa.E4M3[codes[0, ::fa.FP8_BLOCK, 0, 0]])
+    for i, a in enumerate(amaxes):
+        if a > 0 and want[i] > 2.0**-126:
+            assert 224.0 <= lead[i] <= 448.0, (i, lead[i])
+    assert lead[3] == 14.0, lead[3]  # 448 2^-131 / 2^-126
+    return "descales " + " ".join(f"{v:g}" for v in ds.ravel())
 case("fp8_quantize_cpu_tensor_pow2", quantize_case, "cpu", "tensor", False, pow2=True)
 
 

@@ -2068,9 +2068,9 @@ static __device__ __forceinline__ int FA_I_KNAME_V(fa_i_fa3_exps)(float *s, floa
         mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
         mx[half] = fmaxf(m_run[half], mx[half] * log2_scale);
     }
-    /* (o_mul is the warpgroup's: where it moves O, the vote is not needed) */
-    rescale = o_mul != 1.0f || __any_sync(0xffffffffu, mx[0] > m_run[0] + FA_I_FP8_MAX_SLACK ||
-                                                           mx[1] > m_run[1] + FA_I_FP8_MAX_SLACK);
+    rescale = __any_sync(0xffffffffu, mx[0] > m_run[0] + FA_I_FP8_MAX_SLACK ||
+                                          mx[1] > m_run[1] + FA_I_FP8_MAX_SLACK) ||
+              o_mul != 1.0f;
 #pragma unroll
     for (half = 0; half < 2; ++half) {
         alpha[half] = 1.0f;

@@ -776,20 +776,28 @@ static __device__ __forceinline__ float fa_i_dev_exp2(float x)
 
 /* The online softmax's running max of one accumulator row, whose four
    lanes (lane % 4) hold mx, the max of their raw scores in this key step:
-   the new running max in base-2 units into *m_run, the factor for what
-   was summed against the old one into *alpha, and the reference the exps
-   subtract (0 for a row with nothing visible yet, which stays 0). */
-static __device__ __forceinline__ float fa_i_row_max_step(float mx, float log2_scale, float *m_run,
-                                                          float *alpha)
+   fa_i_row_max gives the new running max in base-2 units; fa_i_row_max_move
+   moves *m_run to it, with the factor for what was summed against the old
+   one into *alpha, and returns the reference the exps subtract (0 for a
+   row with nothing visible yet, which stays 0); fa_i_row_max_step does
+   both. */
+static __device__ __forceinline__ float fa_i_row_max(float mx, float log2_scale, float m_run)
 {
-    float ref;
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    mx = fmaxf(*m_run, mx * log2_scale);
-    ref = mx == -INFINITY ? 0.0f : mx;
+    return fmaxf(m_run, mx * log2_scale);
+}
+static __device__ __forceinline__ float fa_i_row_max_move(float mx, float *m_run, float *alpha)
+{
+    const float ref = mx == -INFINITY ? 0.0f : mx;
     *alpha = fa_i_dev_exp2(*m_run - ref);
     *m_run = mx;
     return ref;
+}
+static __device__ __forceinline__ float fa_i_row_max_step(float mx, float log2_scale, float *m_run,
+                                                          float *alpha)
+{
+    return fa_i_row_max_move(fa_i_row_max(mx, log2_scale, *m_run), m_run, alpha);
 }
 
 /* The MUFU's log2 and reciprocal, for row sums (0, kept apart by the
@@ -2063,21 +2071,14 @@ static __device__ __forceinline__ int FA_I_KNAME_V(fa_i_fa3_exps)(float *s, floa
     }
 #if FA_I_FP8
 #pragma unroll
-    for (half = 0; half < 2; ++half) {
-        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
-        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
-        mx[half] = fmaxf(m_run[half], mx[half] * log2_scale);
-    }
+    for (half = 0; half < 2; ++half) mx[half] = fa_i_row_max(mx[half], log2_scale, m_run[half]);
     rescale = __any_sync(0xffffffffu, mx[0] > m_run[0] + FA_I_FP8_MAX_SLACK ||
                                           mx[1] > m_run[1] + FA_I_FP8_MAX_SLACK) ||
               o_mul != 1.0f;
 #pragma unroll
     for (half = 0; half < 2; ++half) {
         alpha[half] = 1.0f;
-        if (rescale) { /* fa_i_row_max_step's update */
-            alpha[half] = fa_i_dev_exp2(m_run[half] - (mx[half] == -INFINITY ? 0.0f : mx[half]));
-            m_run[half] = mx[half];
-        }
+        if (rescale) fa_i_row_max_move(mx[half], &m_run[half], &alpha[half]);
         /* p_mul = 2^k: k from its exponent bits, exactly */
         ref[half] = (m_run[half] == -INFINITY ? 0.0f : m_run[half]) - FA_I_FP8_P_SHIFT -
                     (float)((int)((__float_as_uint(p_mul) >> 23) & 0xff) - 127);

@@ -74,6 +74,13 @@ def quantize_gpu(x, hadamard, pow2=False):
     return out, ds, run
 
 
+def quantize_qkv(q, k, v, hadamard=True, pow2=False):
+    """Q, K (rotated where hadamard) and V quantized by quantize_gpu:
+    ([codes of Q, K, V], [their block descales])."""
+    out = [quantize_gpu(x, had, pow2) for x, had in ((q, hadamard), (k, hadamard), (v, False))]
+    return [c for c, _, _ in out], [ds for _, ds, _ in out]
+
+
 def quantize_cpu_tensor(x):
     """float32 host array -> (codes, one descale) by fa_cpu_quantize_fp8, per tensor."""
     b, n, h, d = x.shape
@@ -153,10 +160,8 @@ def accuracy(dims, n=2048, heads=8):
                                                [t[1] for t in tensor], "tensor").forward())
             for name, had, pow2 in (("fp8_block", False, False), ("fp8_block_hadamard", True, False),
                                     ("fp8_block_hadamard_pow2", True, True)):
-                qk = [quantize_gpu(x, had, pow2) for x in bf[:2]]
-                vq = quantize_gpu(bf[2], False, pow2)
-                codes = [qk[0][0], qk[1][0], vq[0]]
-                row[name] = rmse(Attention(*codes, False, [qk[0][1], qk[1][1], vq[1]]).forward())
+                codes, ds = quantize_qkv(*bf, had, pow2)
+                row[name] = rmse(Attention(*codes, False, ds).forward())
             rows.append(row)
             print(row, flush=True)
     return rows
@@ -243,13 +248,11 @@ def speed(dims, sizes, rounds, reps, warm_s):
                 q, k, v = (torch.randn(b, n, h, d, dtype=torch.bfloat16, device="cuda", generator=gen)
                            for _ in range(3))
                 bf = Attention(q, k, v, causal)
-                (qc, qd, _), (kc, kd, _), (vc, vd, _) = (quantize_gpu(x, had) for x, had in
-                                                         ((q, True), (k, True), (v, False)))
-                f8 = Attention(qc, kc, vc, causal, [qd, kd, vd])
+                codes, ds = quantize_qkv(q, k, v)
+                f8 = Attention(*codes, causal, ds)
                 # the same with power-of-two descales (fa_quantize_params.pow2_descale)
-                (qc2, qd2, _), (kc2, kd2, _), (vc2, vd2, _) = (quantize_gpu(x, had, True) for x, had in
-                                                               ((q, True), (k, True), (v, False)))
-                f8p = Attention(qc2, kc2, vc2, causal, [qd2, kd2, vd2])
+                codes2, ds2 = quantize_qkv(q, k, v, pow2=True)
+                f8p = Attention(*codes2, causal, ds2)
                 # Correct first: FP8 (with the rotation, which keeps Q K^T) against bf16.
                 o_bf = bf.forward().float().clone()
                 o_f8 = f8.forward().float()
@@ -268,7 +271,7 @@ def speed(dims, sizes, rounds, reps, warm_s):
                     else:
                         print(f"cuDNN FP8: d={d} N={n} causal={causal}: error {c_err:.3g}, not timed")
                 for name, lib in EXTRA.items():
-                    impl = Attention(qc, kc, vc, causal, [qd, kd, vd], lib=lib)
+                    impl = Attention(*codes, causal, ds, lib=lib)
                     if impl.algorithm() != 3:
                         continue
                     o_x = impl.forward().float()
@@ -286,7 +289,7 @@ def speed(dims, sizes, rounds, reps, warm_s):
                     row[key] = flops / statistics.median(times[key]) / 1e9
                 rows.append(row)
                 print(row, flush=True)
-                del q, k, v, qc, kc, vc, bf, f8, qc2, kc2, vc2, f8p
+                del q, k, v, codes, codes2, bf, f8, f8p
     return rows
 
 

@@ -59,9 +59,8 @@ def profile_fp8(args):
     b, h, n, d = 16384 // args.n, 2048 // args.d, args.n, args.d
     q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     f8.Attention(q, k, v, args.causal).forward()
-    (qc, qd, _), (kc, kd, _), (vc, vd, _) = (f8.quantize_gpu(x, had) for x, had in
-                                             ((q, True), (k, True), (v, False)))
-    f8.Attention(qc, kc, vc, args.causal, [qd, kd, vd]).forward()
+    codes, ds = f8.quantize_qkv(q, k, v)
+    f8.Attention(*codes, args.causal, ds).forward()
     torch.cuda.synchronize()
 
 

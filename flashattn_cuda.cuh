@@ -1284,26 +1284,42 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
 /* Where a paged tile's rows are (>> decode; NULL or no table: dense rows). With
    page_size a multiple of 16 (`sliced`), slice s of the tile (its rows
    16 s .. 16 s + 15) is rows in_page[s] + 0..15 of page page[s], found a tile
-   ahead (fa_i_tile_pages_at), so the copy issues no table load; otherwise
-   each row's page is looked up in `table` as the row is copied. */
+   ahead (fa_i_tile_pages_next), so the copy issues no table load; otherwise
+   each row's page is looked up in `table` as the row is copied. The tiles
+   are taken in order, so the walk carries its place (table entry `at`, row
+   `at_row` of that page, key `at_key`) from one tile to the next and divides
+   by the page size once, in fa_i_tile_pages_seek. */
 #define FA_I_TILE_SLICES 8 /* tiles of up to 128 keys */
 typedef struct fa_i_tile_pages {
     const int32_t *table; /* the sequence's block table row */
     int sliced;
     int page[FA_I_TILE_SLICES], in_page[FA_I_TILE_SLICES];
+    int at, at_row, at_key;
 } fa_i_tile_pages;
 
-/* tp's slices for the tile of tile_rows keys at c0 (a multiple of 16) of a
-   sequence of `keys` (slices past them: page 0, never read). */
-static __device__ __forceinline__ void fa_i_tile_pages_at(fa_i_tile_pages *tp, int page_size,
-                                                          int keys, int c0, int tile_rows)
+/* tp's walk to key c0 (a multiple of 16). */
+static __device__ __forceinline__ void fa_i_tile_pages_seek(fa_i_tile_pages *tp, int page_size,
+                                                            int c0)
+{
+    tp->at = (int)((unsigned)c0 / (unsigned)page_size);
+    tp->at_row = c0 - tp->at * page_size;
+    tp->at_key = c0;
+}
+
+/* tp's slices for the tile of tile_rows keys at the walk's place, then the
+   walk past it (slices at or past `keys`: page 0, never read, and no table
+   entry loaded for them). */
+static __device__ __forceinline__ void fa_i_tile_pages_next(fa_i_tile_pages *tp, int page_size,
+                                                            int keys, int tile_rows)
 {
     int s;
 #pragma unroll
     for (s = 0; s < tile_rows / 16; ++s) {
-        const unsigned c = (unsigned)(c0 + 16 * s);
-        tp->page[s] = (int)c < keys ? tp->table[c / page_size] : 0;
-        tp->in_page[s] = (int)(c % page_size);
+        tp->page[s] = tp->at_key < keys ? tp->table[tp->at] : 0;
+        tp->in_page[s] = tp->at_row;
+        tp->at_key += 16;
+        tp->at_row += 16;
+        if (tp->at_row == page_size) tp->at_row = 0, ++tp->at;
     }
 }
 
@@ -1318,47 +1334,48 @@ static __device__ __forceinline__ void fa_i_tile_pages_at(fa_i_tile_pages *tp, i
    pass is the thread's first one XORed with a constant. tid is made opaque
    first: otherwise the compiler hoists the addresses out of the caller's key
    loop and holds them in registers, which spills the 64-key tiles.
-   With tp (a paged cache, fa_i_tile_pages), row c is row c % page_size of
-   page pages[c / page_size], pages page_stride elements apart from g; a
-   sliced tile's first pass in each slice takes its address from the
-   slice's page, the passes after it walk on (step <= 32: a pass's row
-   lies in slice pass step / 16, or the next one). Columns from `cols` (the problem's head
-   dim, a multiple of 8, where it is below the tile's d) are zero-filled,
-   read from nowhere. */
-static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
-                                                       int64_t stride, const fa_i_tile_pages *tp,
-                                                       int page_size, int64_t page_stride,
-                                                       int row0, int rows, int tile_rows, int d,
-                                                       int cols, int ld, int tid, int nthreads)
+   `mode` (a constant at each call, fa_i_async_rows picks it) says where the
+   rows are: 0 dense, the address walking `step` rows a pass; 1 a sliced
+   paged tile (fa_i_tile_pages), the address taken from the slice's page at
+   its first pass and walking within the slice (step <= 16: a pass lies in
+   slice pass step / 16; step 32: in slice 2 pass or the next, by the
+   thread's row); 2 a page looked up for each row copied. Pages sit
+   page_stride elements apart from g. Columns from `cols` (the problem's
+   head dim, a multiple of 8, where it is below the tile's d) are
+   zero-filled, read from nowhere. */
+static __device__ __forceinline__ void fa_i_async_rows_as(const int mode, uint16_t *smem,
+                                                          const uint16_t *g, int64_t stride,
+                                                          const fa_i_tile_pages *tp, int page_size,
+                                                          int64_t page_stride, int row0, int rows,
+                                                          int tile_rows, int d, int cols, int ld,
+                                                          int tid, int nthreads)
 {
     const int chunks = d / 8, tpr = chunks & -chunks, step = nthreads / tpr;
     const int swizzled = ld % 64 == 0;
     int r, x0, pass, c, chunk0;
-    const uint16_t *src, *walk = g; /* walk: a sliced tile's rows */
+    const uint16_t *src;
     asm volatile("" : "+r"(tid));
     r = tid / tpr;
     chunk0 = tid % tpr;
-    x0 = swizzled ? (tid % tpr) ^ (r & 7) : tid % tpr; /* this thread's first chunk in smem */
+    x0 = swizzled ? chunk0 ^ (r & 7) : chunk0; /* this thread's first chunk in smem */
     smem += r * ld;
-    src = g + (int64_t)(row0 + r) * stride + (tid % tpr) * 8;
+    src = g + (int64_t)(row0 + r) * stride + chunk0 * 8;
 #pragma unroll
     for (pass = 0; pass < (tile_rows + step - 1) / step; ++pass, r += step, src += step * stride)
         if (tile_rows % step == 0 || r < tile_rows) {
             const int valid = row0 + r < rows, x = swizzled ? x0 ^ (pass * step & 7) : x0;
             const unsigned c_row = (unsigned)(row0 + r);
-            const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
-            const uint16_t *from, *in_slice =
-                !tp || !tp->table ? g
-                : g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
+            const uint16_t *from;
+            if (mode == 1 && pass * step % 16 == 0) { /* a slice's first pass */
+                const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
+                src = g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
                       (int64_t)((next ? tp->in_page[s + 1] : tp->in_page[s]) + (r & 15)) * stride +
-                      (tid % tpr) * 8;
-            if (step < 16 && tp && tp->table && tp->sliced) /* the slice's passes walk on */
-                walk = pass * step % 16 == 0 ? in_slice : walk + step * stride;
-            from = !valid ? g /* a row past the end reads nothing */
-                   : !tp || !tp->table ? src
-                   : tp->sliced        ? (step < 16 ? walk : in_slice)
-                                       : g + tp->table[c_row / page_size] * page_stride +
-                                      (int64_t)(c_row % page_size) * stride + (tid % tpr) * 8;
+                      chunk0 * 8;
+            }
+            from = !valid     ? g /* a row past the end reads nothing */
+                   : mode < 2 ? src
+                              : g + (int64_t)tp->table[c_row / page_size] * page_stride +
+                                    (int64_t)(c_row % page_size) * stride + chunk0 * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {
                 const int there = valid && 8 * (chunk0 + c * tpr) < cols;
@@ -1366,6 +1383,24 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
                                 there ? from + c * tpr * 8 : g, there ? 16 : 0);
             }
         }
+}
+
+/* fa_i_async_rows_as in the mode that tp says (NULL or no table: dense). */
+static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uint16_t *g,
+                                                       int64_t stride, const fa_i_tile_pages *tp,
+                                                       int page_size, int64_t page_stride,
+                                                       int row0, int rows, int tile_rows, int d,
+                                                       int cols, int ld, int tid, int nthreads)
+{
+    if (!tp || !tp->table)
+        fa_i_async_rows_as(0, smem, g, stride, tp, page_size, page_stride, row0, rows, tile_rows,
+                           d, cols, ld, tid, nthreads);
+    else if (tp->sliced)
+        fa_i_async_rows_as(1, smem, g, stride, tp, page_size, page_stride, row0, rows, tile_rows,
+                           d, cols, ld, tid, nthreads);
+    else
+        fa_i_async_rows_as(2, smem, g, stride, tp, page_size, page_stride, row0, rows, tile_rows,
+                           d, cols, ld, tid, nthreads);
 }
 
 /* fa_i_async_rows of dense rows. */
@@ -2989,10 +3024,10 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     /* the ring's first tiles, a commit group each; a sliced paged tile's
        pages are looked up a tile ahead of its copy (in the key loop, during
        the previous tile's products) */
+    if (pages && tp.sliced) fa_i_tile_pages_seek(&tp, p.page_size, n_begin * BN);
 #pragma unroll
     for (i = 0; i < STAGES; ++i) {
-        if (pages && tp.sliced)
-            fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (n_begin + i) * BN, BN);
+        if (pages && tp.sliced) fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         if (i == STAGES - 1) break;
         if (n_begin + i < n_end)
             fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, &tp, (n_begin + i) * BN,
@@ -3017,7 +3052,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                               BN, D, cols_k, cols_v, LD, tid, NT);
             fa_i_cp_async_commit();
             if (pages && tp.sliced && next + 1 < n_end)
-                fa_i_tile_pages_at(&tp, p.page_size, p.seqlen_k, (next + 1) * BN, BN);
+                fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         }
         if (wide)
             for (j = ks; j < SLICES / 2; j += ks_count)

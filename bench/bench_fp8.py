@@ -318,6 +318,7 @@ def write(out, acc, spd, qnt):
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results_fp8.json"), "w") as f:
         json.dump(dict(date=date, gpu=gpu, commit=commit, accuracy=acc, speed=spd, quantize=qnt), f,
                   indent=1)

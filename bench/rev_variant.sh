@@ -3,7 +3,8 @@
 # (ab_gpu.py, bench_decode.py --extra), in two steps because the GPU machine
 # has no .git: here, `stage` writes revision REV's headers and test shim to
 # build/rev/NAME (carry build/rev to the device); there, `build` compiles
-# build/rev/NAME into build/rev_NAME_d<D>.so (bf16, head dim D, sm_90a).
+# build/rev/NAME into build/rev_NAME_d<D>.so (head dim D, sm_90a; bf16, or
+# DTYPE=3 for the FP8 forward).
 # Usage: bash bench/rev_variant.sh stage NAME REV
 #        bash bench/rev_variant.sh build NAME D [nvcc flags...]
 set -euo pipefail
@@ -16,6 +17,6 @@ if [ "$mode" = stage ]; then
 fi
 d=$3
 shift 3
-printf '#define FA_CUDA_DTYPE 2\n#define FA_HEAD_DIM %s\n#include "shim_cuda.cu"\n' "$d" >"$dir/tests/d$d.cu"
+printf '#define FA_CUDA_DTYPE %s\n#define FA_HEAD_DIM %s\n#include "shim_cuda.cu"\n' "${DTYPE:-2}" "$d" >"$dir/tests/d$d.cu"
 nvcc -O3 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a "$@" -shared \
     -o "build/rev_${name}_d$d.so" "$dir/tests/d$d.cu"

@@ -334,6 +334,13 @@ def call_backward(backend, p, threads=2):
     return CPU.fa_cpu_backward(ctypes.byref(p), ctypes.byref(_cpu_options(backend, threads)))
 
 
+def last_detail(backend):
+    """The last error detail of the library that ran `backend` (this thread's)."""
+    base = backend.removesuffix("_det")
+    lib = {"gpu": GPU, "gpu_fa1": GPU_FA1, "gpu_fa2": GPU_FA2}.get(base) or GPU_CAPPED.get(base)
+    return (lib or CPU).fa_last_error_detail().decode()
+
+
 def combine(backend, o_parts, lse_parts, dtype, part_dtype, layout="bshd", in_place=False,
             threads=2):
     """Merges parts (float64 [B, N, H, d] values, LSE [B, H, N]) with

@@ -146,8 +146,10 @@ static fa_status run_backward(const fa_params *hp, int deterministic, size_t ws_
     mirror m[TENSORS];
     fa_params p, d;
     void *ws = NULL;
-    fa_status s = fa_cuda_supported(hp, FA_PASS_BACKWARD);
-    if (s != FA_OK) return fa_cuda_backward(hp, deterministic, NULL, 0, 0);
+    /* fa_cuda_supported answers for the atomic mode only */
+    fa_status s = deterministic ? (fa_cuda_backward_algorithm(hp, 1) ? FA_OK : FA_ERR_UNSUPPORTED)
+                                : fa_cuda_supported(hp, FA_PASS_BACKWARD);
+    if (s != FA_OK) return fa_cuda_backward(hp, deterministic, NULL, 0, 0); /* its refusal */
     fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
     if (ws_size == (size_t)-1) ws_size = fa_cuda_backward_workspace_size(&d, deterministic);

@@ -65,7 +65,7 @@ def forward_case(backends=("fa2", "fa1", "ref"), **cfg):
     errs = []
     for backend in backends:
         status, o, lse = prob.forward(backend)
-        assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)}"
+        assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)} ({fa.last_detail(backend)})"
         errs.append(check(backend, o, ref_o, low_o, prob.dtype, logit_rounding))
         check_lse(lse, ref_lse)
     return "err " + " ".join(f"{b}={e:.1e}" for b, e in zip(backends, errs))
@@ -86,7 +86,7 @@ def backward_case(backends=("fa2", "ref"), **cfg):
     errs = []
     for backend in backends:
         status, *got = prob.backward(o, lse, backend)
-        assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)}"
+        assert status == fa.FA_OK, f"{backend}: {fa.status_name(status)} ({fa.last_detail(backend)})"
         for gname, g, r, lp, mag in zip(("dq", "dk", "dv"), got, grads, low, mags):
             scale = max(np.linalg.norm(mag), np.linalg.norm(r))
             err = np.linalg.norm(g - r) / scale if not np.isnan(g).any() else np.inf

@@ -108,7 +108,7 @@ def paged_case(backend="fa2", num_splits=0, **cfg):
         low_o[b] = reference.forward(prob.q[b:b + 1], k, v, precision=np.float32, round_p=round_p,
                                      **args)[0][0]
     status, t, lse = prob.run(backend, _set(num_splits=num_splits) if num_splits else None)
-    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.CPU.fa_last_error_detail().decode()}"
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.last_detail(backend)}"
     err = check("paged o", t["o"].values(), ref_o, low_o, prob.dtype)
     check_lse(lse, ref_lse)
     # the cache after the append: k_new, v_new rows in their pages, nothing else changed
@@ -187,7 +187,29 @@ for name, cfg in (
                                            head_dim_v=128, causal=True, poison=True)),
         ("decode_poison_page_16", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                        max_pages=64, heads_q=8, heads_kv=2, head_dim=128,
-                                       poison=True))):
+                                       poison=True)),
+        # the decode kernel's page walks: pages of one key tile, of two (a
+        # split starting in a page's second half), pages that tiles cross
+        # (48), pages that are not whole slices (24: a page a row), d = 256
+        ("decode_poison_page_64_split_3_d64", dict(cache_lens=[63, 64, 65, 1000], seqlen_q=4,
+                                                   page_size=64, max_pages=16, heads_q=8,
+                                                   heads_kv=2, num_splits=3, poison=True)),
+        ("decode_poison_page_128_split_5_d128", dict(cache_lens=[127, 128, 129, 2000], seqlen_q=2,
+                                                     page_size=128, max_pages=16, head_dim=128,
+                                                     causal=True, num_splits=5, poison=True)),
+        ("decode_poison_page_48_split_4_d128", dict(cache_lens=[47, 48, 49, 500], seqlen_q=16,
+                                                    page_size=48, max_pages=12, head_dim=128,
+                                                    heads_q=8, heads_kv=2, causal=True,
+                                                    num_splits=4, poison=True)),
+        ("decode_poison_page_24_split_2_d64", dict(cache_lens=[23, 24, 25, 300], seqlen_new=1,
+                                                   page_size=24, max_pages=14, num_splits=2,
+                                                   poison=True)),
+        ("decode_poison_page_256_split_4_d256", dict(cache_lens=[255, 256, 257, 1500], seqlen_q=3,
+                                                     page_size=256, max_pages=6, head_dim=256,
+                                                     num_splits=4, poison=True)),
+        ("decode_poison_page_64_d160", dict(cache_lens=[65, 700], seqlen_q=5, page_size=64,
+                                            max_pages=12, head_dim=160, num_splits=2,
+                                            poison=True))):
     case(f"gpu_paged_{name}", paged_case, backend="gpu", **dict(dict(dtype="bf16"), **cfg))
 
 

@@ -1392,15 +1392,16 @@ static __device__ __forceinline__ void fa_i_async_rows(uint16_t *smem, const uin
                                                        int row0, int rows, int tile_rows, int d,
                                                        int cols, int ld, int tid, int nthreads)
 {
+#define FA_I_ROWS_AS(mode)                                                                   \
+    fa_i_async_rows_as(mode, smem, g, stride, tp, page_size, page_stride, row0, rows, tile_rows, \
+                       d, cols, ld, tid, nthreads)
     if (!tp || !tp->table)
-        fa_i_async_rows_as(0, smem, g, stride, tp, page_size, page_stride, row0, rows, tile_rows,
-                           d, cols, ld, tid, nthreads);
+        FA_I_ROWS_AS(0);
     else if (tp->sliced)
-        fa_i_async_rows_as(1, smem, g, stride, tp, page_size, page_stride, row0, rows, tile_rows,
-                           d, cols, ld, tid, nthreads);
+        FA_I_ROWS_AS(1);
     else
-        fa_i_async_rows_as(2, smem, g, stride, tp, page_size, page_stride, row0, rows, tile_rows,
-                           d, cols, ld, tid, nthreads);
+        FA_I_ROWS_AS(2);
+#undef FA_I_ROWS_AS
 }
 
 /* fa_i_async_rows of dense rows. */

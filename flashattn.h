@@ -3186,7 +3186,8 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 /*
 REVISION HISTORY
    0.7.2  GPU: the paged decode copy runs one loop per row mode and walks
-          its pages from tile to tile
+          its pages from tile to tile; the FA2 forward orders its warp's
+          Q reads before its O writes (__syncwarp)
    0.7.1  FP8: fa_quantize_params.pow2_descale (descales as powers of two);
           the GPU forward keeps O in one V scale where V's descales allow
           and rescales O only where a row's max rose by more than 0.75 (base

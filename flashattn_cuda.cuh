@@ -1830,9 +1830,11 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
     fa_i_cp_async_wait_0();
 
     { /* O goes over this warp's own Q rows (no other warp reads them), then
-         leaves as whole rows in 16-byte pieces */
+         leaves as whole rows in 16-byte pieces; the __syncwarp orders the
+         lanes' reads of Q before other lanes' writes (racecheck) */
         uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, 0);
         float *lse = p.lse ? p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q : NULL;
+        __syncwarp();
 #pragma unroll
         for (t = 0; t < 2 * MT; ++t) {
             const int r = wrow + 8 * t + (lane >> 2), e = 2 * (t & 1);

@@ -22,18 +22,26 @@ def case(name, fn, *args, **kwargs):
     TESTS.append((name, fn, args, kwargs))
 
 
-def run(pattern=None):
-    """Runs the tests whose names start with pattern, or (pattern @FILE) the
-    ones FILE names, a name a line."""
+def run(selectors=()):
+    """Runs the tests that some selector picks: a name prefix, or @FILE (the
+    names FILE lists, one a line); every test without selectors. Fails where
+    a selector picks no test (a typo would otherwise pass as 0 failed)."""
     passed = failed = skipped = 0
-    names = None
-    if pattern and pattern.startswith("@"):
-        with open(pattern[1:]) as f:
-            names = set(f.read().split())
+    files = {}
+    for sel in selectors:
+        if sel.startswith("@"):
+            with open(sel[1:]) as f:
+                files[sel] = set(f.read().split())
+    unused = set(selectors)
+
+    def picks(sel, name):
+        return name in files[sel] if sel in files else name.startswith(sel)
+
     for name, fn, args, kwargs in TESTS:
-        if names is not None and name not in names or \
-                names is None and pattern and not name.startswith(pattern):
+        hits = {sel for sel in selectors if picks(sel, name)}
+        if selectors and not hits:
             continue
+        unused -= hits
         start = time.time()
         try:
             detail = fn(*args, **kwargs)
@@ -49,11 +57,10 @@ def run(pattern=None):
         extra = f" {detail}" if detail else ""
         print(f"PASS {name} ({time.time() - start:.2f}s){extra}", flush=True)
     print(f"{passed} passed, {failed} failed, {skipped} skipped", flush=True)
-    if passed + failed + skipped == 0:
-        print(f"no test name starts with {pattern!r}" if names is None else
-              f"no test is named in {pattern[1:]}", flush=True)
-        return False
-    return failed == 0
+    for sel in sorted(unused):
+        print(f"no test is named in {sel[1:]}" if sel in files else
+              f"no test name starts with {sel!r}", flush=True)
+    return failed == 0 and not unused
 
 
 def seed():
@@ -63,13 +70,14 @@ def seed():
 
 
 def main(modules):
-    """Runs the tests whose names start with argv[1] (all without it; @FILE:
-    those FILE names); with --list PREFIX, prints those names instead."""
+    """Runs the tests the arguments pick (run's selectors; all without any);
+    with --list PREFIX..., prints the names those prefixes pick instead."""
     listing = len(sys.argv) > 1 and sys.argv[1] == "--list"
-    pattern = sys.argv[2 if listing else 1] if len(sys.argv) > (2 if listing else 1) else None
+    selectors = sys.argv[2 if listing else 1:]
     for module in modules:
         __import__(module)
     if listing:
-        print("\n".join(name for name, *_ in TESTS if not pattern or name.startswith(pattern)))
+        print("\n".join(name for name, *_ in TESTS
+                        if not selectors or any(name.startswith(p) for p in selectors)))
         sys.exit(0)
-    sys.exit(0 if run(pattern) else 1)
+    sys.exit(0 if run(selectors) else 1)

@@ -1,7 +1,8 @@
-"""Test driver: `make test` runs this. Optional argument: a prefix of the
-test names to run, or @FILE (the names FILE lists, one a line); `--list
-PREFIX` prints the names instead. Ends with the line `N passed, N failed,
-N skipped`."""
+"""Test driver: `make test` runs this. Optional arguments: prefixes of the
+test names to run, or @FILE (the names FILE lists, one a line); a test runs
+when any argument picks it, and an argument that picks none is a failure.
+`--list PREFIX...` prints the names instead. Ends with the line `N passed,
+N failed, N skipped`."""
 import os
 import sys
 

@@ -1032,9 +1032,13 @@ case("fuzz_cpu_asan_ubsan", _fuzz, 20, ["-O1", "-g", "-fsanitize=address,undefin
 
 @test
 def runner_fails_when_no_test_matches():
-    run = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "run_tests.py"),
-                          "no_test_is_called_this"], capture_output=True, text=True)
-    assert run.returncode != 0 and "no test name starts with" in run.stdout, run.stdout[-300:]
+    """Alone or beside a prefix that does pick a test (which then runs)."""
+    runner = os.path.join(os.path.dirname(__file__), "run_tests.py")
+    for args in (["no_test_is_called_this"], ["bad_input_null_params", "no_test_is_called_this"]):
+        run = subprocess.run([sys.executable, runner] + args, capture_output=True, text=True)
+        assert run.returncode != 0 and "no test name starts with 'no_test_is_called_this'" in \
+            run.stdout, run.stdout[-300:]
+        assert ("PASS bad_input_null_params" in run.stdout) == (len(args) == 2), run.stdout[-300:]
 
 
 @test

@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, demo, then the benchmark.
 # Logs go to $OUT (the device tool's folder) or /tmp/flashattn-device.
 # Usage: [TEST_PART=k/n] [TOOL=memcheck|...] [EXCLUDE=regex] bash bench/device_run.sh
-#        [tests|bench|fp8|ring|sanitize|all] [bench args...]
+#        [tests|bench|fp8|varlen|ring|sanitize|all] [bench args...]
 set -uo pipefail
 out=${OUT:-/tmp/flashattn-device}
 mkdir -p "$out"
@@ -49,6 +49,11 @@ if [ "$what" = fp8 ]; then  # the FP8 tests, then the FP8 benchmark (args: bench
         grep -v "^PASS" "$out/test_$prefix.log" | tail -40
     done
     timeout 300 python3 bench/bench_fp8.py --out "$out" "$@" 2>&1 | tail -60
+fi
+if [ "$what" = varlen ]; then  # the ragged-batch tests (CPU and GPU), then bench_varlen.py
+    timeout 300 python3 tests/run_tests.py varlen gpu_varlen gpu_graph >"$out/test_varlen.log" 2>&1
+    grep -v "^PASS" "$out/test_varlen.log" | tail -40
+    timeout 240 python3 bench/bench_varlen.py --out "$out" 2>&1 | tail -12
 fi
 if [ "$what" = ring ]; then  # the ring example, a rank per GPU here (args: sequence lengths)
     cmd=$(head -1 examples/ring_attention.cu | sed 's|^/\* Build: ||; s| \*/$||; s|-o ring_attention|-o build/ring_attention|')

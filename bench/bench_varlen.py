@@ -4,7 +4,9 @@ of the same tokens at the one length that gives the same FLOPs
 (sum n_i^2 / sum n_i), forward and backward, bf16, Hq = Hkv = 16, d = 128,
 causal and not. TFLOP/s count each sequence's own 4 H n^2 d (halved when
 causal; x2.5 backward); the time is the median of alternating rounds
-(bench_gpu.alternating_ms). Prints the table and writes
+(bench_gpu.alternating_ms). "host ms": how long the varlen call takes to
+return while the stream still runs the one before it (a call that waited
+for the GPU would show the GPU's time there). Prints the table and writes
 bench/results_varlen.md (or OUT/results_varlen.md with --out OUT).
 
 Usage: python3 bench/bench_varlen.py [--out DIR]
@@ -13,6 +15,7 @@ import ctypes
 import datetime
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -74,6 +77,18 @@ def make_call(lengths, causal, varlen):
     return forward, backward
 
 
+def host_ms(fn, reps=5):
+    """Median wall time of fn's return, each call queued behind another."""
+    times = []
+    for _ in range(reps):
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
 def main():
     out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else HERE
     rng = np.random.default_rng(0)
@@ -89,7 +104,8 @@ def main():
         t = bg.alternating_ms({"vf": vf, "df": df, "vb": vb, "db": db}, ROUNDS, REPS, 0.1)
         med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
         r = dict(causal=causal, v_fwd=flops / med["vf"] * 1e-9, d_fwd=dense_flops / med["df"] * 1e-9,
-                 v_bwd=2.5 * flops / med["vb"] * 1e-9, d_bwd=2.5 * dense_flops / med["db"] * 1e-9)
+                 v_bwd=2.5 * flops / med["vb"] * 1e-9, d_bwd=2.5 * dense_flops / med["db"] * 1e-9,
+                 ms_fwd=med["vf"], ms_bwd=med["vb"], host_fwd=host_ms(vf), host_bwd=host_ms(vb))
         rows.append(r)
         print(r, flush=True)
     lines = [
@@ -101,11 +117,13 @@ def main():
         f"{max(lengths)}; dense: {dense_b} x {dense_n} (the same FLOPs); bf16, H = {HEADS}, "
         f"d = {DIM}; TFLOP/s",
         "",
-        "| causal | varlen fwd | dense fwd | ratio | varlen bwd | dense bwd | ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| causal | varlen fwd | dense fwd | ratio | varlen bwd | dense bwd | ratio | "
+        "fwd ms GPU / host | bwd ms GPU / host |",
+        "|---|---|---|---|---|---|---|---|---|",
     ] + [f"| {'yes' if r['causal'] else 'no'} | {r['v_fwd']:.0f} | {r['d_fwd']:.0f} | "
          f"{r['v_fwd'] / r['d_fwd']:.2f} | {r['v_bwd']:.0f} | {r['d_bwd']:.0f} | "
-         f"{r['v_bwd'] / r['d_bwd']:.2f} |" for r in rows]
+         f"{r['v_bwd'] / r['d_bwd']:.2f} | {r['ms_fwd']:.2f} / {r['host_fwd']:.3f} | "
+         f"{r['ms_bwd']:.2f} / {r['host_bwd']:.3f} |" for r in rows]
     with open(os.path.join(out, "results_varlen.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -22,26 +22,31 @@ def case(name, fn, *args, **kwargs):
     TESTS.append((name, fn, args, kwargs))
 
 
-def run(selectors=()):
-    """Runs the tests that some selector picks: a name prefix, or @FILE (the
-    names FILE lists, one a line); every test without selectors. Fails where
-    a selector picks no test (a typo would otherwise pass as 0 failed)."""
-    passed = failed = skipped = 0
-    files = {}
+def _selection(selectors):
+    """{selector: the set of test names it picks}: a name prefix, or @FILE
+    (the names FILE lists, one a line)."""
+    picked = {}
     for sel in selectors:
         if sel.startswith("@"):
             with open(sel[1:]) as f:
-                files[sel] = set(f.read().split())
-    unused = set(selectors)
+                names = set(f.read().split())
+            picked[sel] = {name for name, *_ in TESTS if name in names}
+        else:
+            picked[sel] = {name for name, *_ in TESTS if name.startswith(sel)}
+    return picked
 
-    def picks(sel, name):
-        return name in files[sel] if sel in files else name.startswith(sel)
 
+def run(selectors=()):
+    """Runs the tests that some selector picks (_selection); every test
+    without selectors. Fails where a selector picks no test (a typo would
+    otherwise pass as 0 failed)."""
+    passed = failed = skipped = 0
+    picked = _selection(selectors)
+    unused = {sel for sel in selectors if not picked[sel]}
     for name, fn, args, kwargs in TESTS:
-        hits = {sel for sel in selectors if picks(sel, name)}
+        hits = {sel for sel in selectors if name in picked[sel]}
         if selectors and not hits:
             continue
-        unused -= hits
         start = time.time()
         try:
             detail = fn(*args, **kwargs)
@@ -58,7 +63,7 @@ def run(selectors=()):
         print(f"PASS {name} ({time.time() - start:.2f}s){extra}", flush=True)
     print(f"{passed} passed, {failed} failed, {skipped} skipped", flush=True)
     for sel in sorted(unused):
-        print(f"no test is named in {sel[1:]}" if sel in files else
+        print(f"no test is named in {sel[1:]}" if sel.startswith("@") else
               f"no test name starts with {sel!r}", flush=True)
     return failed == 0 and not unused
 
@@ -71,13 +76,13 @@ def seed():
 
 def main(modules):
     """Runs the tests the arguments pick (run's selectors; all without any);
-    with --list PREFIX..., prints the names those prefixes pick instead."""
+    with --list SELECTOR..., prints the names they pick instead."""
     listing = len(sys.argv) > 1 and sys.argv[1] == "--list"
     selectors = sys.argv[2 if listing else 1:]
     for module in modules:
         __import__(module)
     if listing:
-        print("\n".join(name for name, *_ in TESTS
-                        if not selectors or any(name.startswith(p) for p in selectors)))
+        picked = set().union(*_selection(selectors).values())
+        print("\n".join(name for name, *_ in TESTS if not selectors or name in picked))
         sys.exit(0)
     sys.exit(0 if run(selectors) else 1)

@@ -617,10 +617,26 @@ typedef struct fa_i_grad_out {
 } fa_i_grad_out;
 
 #if FA_I_SM90
+/* A ragged batch in one launch of the FA3 forward (varlen): sequence s of
+   the schedule (the host orders them by their work, largest first). */
+typedef struct fa_i_fa3_seq {
+    int nq, nk; /* its queries, the keys it uses */
+    int q0;     /* its first row in the packed tensors */
+    int pad;
+} fa_i_fa3_seq;
+
 /* The FA3 forward's tensor maps {d, seq, head, batch}; each box is 64
-   elements (128 bytes, one swizzle row) of the head dim by a tile's rows. */
+   elements (128 bytes, one swizzle row) of the head dim by a tile's rows.
+   Varlen: every sequence's query blocks, {sequence, block} in schedule
+   order, and per sequence its entry and its own maps (batch 1, its rows
+   only, so the TMA zero-fills keys past nk and drops O rows past nq), all
+   in the workspace; NULL for a dense problem. */
 typedef struct fa_i_tma_maps {
     CUtensorMap q, k, v, o;
+    const struct fa_i_tma_maps *seq_maps;
+    const fa_i_fa3_seq *seqs;
+    const int2 *blocks;
+    int num_blocks, total_q;
 } fa_i_tma_maps;
 
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
@@ -1971,17 +1987,29 @@ static __device__ __forceinline__ void fa_i_fa3_pv_landed(const fa_i_fa3_smem *L
     if ((threadIdx.x & 31) == 0) fa_i_mbar_arrive(L->v_empty + 8 * vprev.stage);
 }
 
-/* The persistent schedule: the k-th tile of this CTA, or 0 when it has no
-   more. CTAs take pairs of tiles in turn (pair u: tiles 2u and 2u + 1);
-   within a head the query blocks run M-1, 0, M-2, 1, ... under causal
-   masking, so every pair holds one heavy and one light block and static
-   turns stay balanced. Query blocks vary fastest: CTAs running together
-   share a head's K and V in L2. */
-static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, int64_t k, int blocks_m,
-                                                    int *mb, int *h, int *b)
+/* The persistent schedule: the k-th tile of this CTA (query blocks of bm
+   rows), or 0 when it has no more. CTAs take pairs of tiles in turn (pair
+   u: tiles 2u and 2u + 1); within a head the query blocks run M-1, 0, M-2,
+   1, ... under causal masking, so every pair holds one heavy and one light
+   block and static turns stay balanced. Query blocks vary fastest: CTAs
+   running together share a head's K and V in L2. Varlen: for each head,
+   the blocks of maps->blocks (the host put them in this order), *b the
+   schedule's sequence. */
+static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, const fa_i_tma_maps *maps,
+                                                    int64_t k, int bm, int *mb, int *h, int *b)
 {
     const int64_t t = 2 * (blockIdx.x + (k >> 1) * gridDim.x) + (k & 1);
+    const int blocks_m = (p->seqlen_q + bm - 1) / bm;
     int r;
+    if (maps->seqs) { /* head by head, the blocks in turn (the host keeps t in int) */
+        int2 e;
+        if (t >= (int64_t)maps->num_blocks * p->heads_q) return 0;
+        *h = (int)((uint32_t)t / (uint32_t)maps->num_blocks);
+        e = maps->blocks[(int)t - *h * maps->num_blocks];
+        *b = e.x;
+        *mb = e.y;
+        return 1;
+    }
     if (t >= (int64_t)blocks_m * p->heads_q * p->batch) return 0;
     if (t <= 0xFFFFFFFF) { /* 32-bit divisions where they do: far cheaper */
         const uint32_t hb = (uint32_t)t / (uint32_t)blocks_m;
@@ -1997,6 +2025,44 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, int64_t 
     *mb = !p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
     return 1;
 }
+
+/* The problem a tile of fa_i_fa3_tile's b belongs to: p itself, or with
+   varlen sequence b's lengths and bottom-right positions (*view); returns
+   the maps its rows are in and *map_b, its batch coordinate there. */
+static __device__ __forceinline__ const fa_i_tma_maps *fa_i_fa3_rows(const fa_params *p,
+                                                                     const fa_i_tma_maps *maps,
+                                                                     int b, fa_params *view,
+                                                                     int *map_b)
+{
+    *view = *p;
+    if (!maps->seqs) {
+        *map_b = b;
+        return maps;
+    }
+    view->seqlen_q = maps->seqs[b].nq;
+    view->seqlen_k = maps->seqs[b].nk;
+    fa_i_bottom_right(view);
+    *map_b = 0;
+    return maps->seq_maps + b;
+}
+
+/* The tile's LSE rows: [B, Hq, Nq], or with varlen [Hq, total_q] from the
+   sequence's first row. */
+static __device__ __forceinline__ float *fa_i_fa3_lse_rows(const fa_params *p,
+                                                           const fa_i_tma_maps *maps, int b, int h)
+{
+    return maps->seqs ? p->lse + (int64_t)h * maps->total_q + maps->seqs[b].q0
+                      : p->lse + ((int64_t)b * p->heads_q + h) * p->seqlen_q;
+}
+
+/* A tensor map the host copied into the workspace: the tensormap proxy
+   must not use what it cached from an earlier call's map at that address. */
+static __device__ __forceinline__ void fa_i_tma_map_acquire(const CUtensorMap *map)
+{
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(
+                     (uint64_t)(uintptr_t)map)
+                 : "memory");
+}
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 #endif /* FA_I_TOP && FA_I_SM90 */
 
@@ -2010,6 +2076,7 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, int64_t 
 #define FA_I_FA3_RB (FA_I_FP8 && FA_I_D < 128 ? FA_I_D : 128)
 #define FA_I_FA3_CE (FA_I_FA3_RB / FA_I_FA3_ES)
 #define FA_I_FA3_PR (FA_I_FA3(KEYS) * FA_I_FA3_ES / 8)
+#define FA_I_FA3_P_SHIFT (FA_I_FP8 ? FA_I_FP8_P_SHIFT : 0.0f) /* log2 of P's factor */
 /* Where the producer's TMA puts V and which barrier frees that buffer: the
    V ring, or with FP8 the ring V is transposed from. */
 #define FA_I_FA3_V_IN(L) (FA_I_FP8 ? (L)->svr : (L)->sv)
@@ -2364,7 +2431,6 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
     };
     const uint64_t once = L2_HINTS ? FA_I_L2_EVICT_FIRST : FA_I_L2_EVICT_NORMAL;
     const uint64_t reused = L2_HINTS ? FA_I_L2_EVICT_LAST : FA_I_L2_EVICT_NORMAL;
-    const int blocks_m = (p->seqlen_q + BM - 1) / BM;
     int64_t k;
     int it = 0, mb, h, b, have;
     /* per stage: it holds a staged O (O_IN_RING), and the parity of its
@@ -2373,17 +2439,24 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
     fa_i_tma_prefetch(&maps->k);
     fa_i_tma_prefetch(&maps->v);
     fa_i_tma_prefetch(&maps->o);
-    have = fa_i_fa3_tile(p, 0, blocks_m, &mb, &h, &b);
+    have = fa_i_fa3_tile(p, maps, 0, BM, &mb, &h, &b);
     for (k = 0; have; ++k) {
         const int hk = h / (p->heads_q / p->heads_kv);
         const fa_i_ring q = fa_i_ring_at64(k, Q_BUFS);
-        int first_lo, last_hi, n, c;
-        fa_i_rows_key_span(p, mb * BM, min(mb * BM + BM, p->seqlen_q), &first_lo, &last_hi);
+        fa_params view;
+        int first_lo, last_hi, n, c, mapb;
+        const fa_i_tma_maps *m = fa_i_fa3_rows(p, maps, b, &view, &mapb);
+        if (maps->seqs) {
+            fa_i_tma_map_acquire(&m->q);
+            fa_i_tma_map_acquire(&m->k);
+            fa_i_tma_map_acquire(&m->v);
+        }
+        fa_i_rows_key_span(&view, mb * BM, min(mb * BM + BM, view.seqlen_q), &first_lo, &last_hi);
         fa_i_mbar_wait(L->q_empty + 8 * q.stage, q.phase ^ 1);
         fa_i_mbar_expect_tx(L->q_full + 8 * q.stage, Q_BYTES);
         for (c = 0; c < CHUNKS; ++c)
-            fa_i_tma_load(L->sq + q.stage * Q_BYTES + c * BM * RB, &maps->q, CE * c, mb * BM, h,
-                          b, L->q_full + 8 * q.stage, once);
+            fa_i_tma_load(L->sq + q.stage * Q_BYTES + c * BM * RB, &m->q, CE * c, mb * BM, h,
+                          mapb, L->q_full + 8 * q.stage, once);
         /* key tiles no row of this tile sees are never loaded */
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
@@ -2392,7 +2465,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
             fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
             for (c = 0; c < CHUNKS; ++c)
-                fa_i_tma_load(L->sk + st * TILE + c * BN * RB, &maps->k, CE * c, n * BN, hk, b,
+                fa_i_tma_load(L->sk + st * TILE + c * BN * RB, &m->k, CE * c, n * BN, hk, mapb,
                               L->k_full + 8 * st, reused);
             fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
             if (o_there) {
@@ -2404,8 +2477,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
                 const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
                 fa_i_mbar_expect_tx(full, TILE);
                 for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(FA_I_FA3_V_IN(L) + st * TILE + c * BN * RB, &maps->v, CE * c,
-                                  n * BN, hk, b, full, reused);
+                    fa_i_tma_load(FA_I_FA3_V_IN(L) + st * TILE + c * BN * RB, &m->v, CE * c,
+                                  n * BN, hk, mapb, full, reused);
             }
         }
         if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
@@ -2413,8 +2486,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         /* With one Q buffer the next tile's Q loads only once this tile
            frees it, and no other CTA has read it: into L2 now, so that the
            load at the tile boundary hits (DESIGN.md f11). */
-        have = fa_i_fa3_tile(p, k + 1, blocks_m, &mb, &h, &b);
-        if (Q_BUFS == 1 && have)
+        have = fa_i_fa3_tile(p, maps, k + 1, BM, &mb, &h, &b);
+        if (Q_BUFS == 1 && have && !maps->seqs)
             for (c = 0; c < CHUNKS; ++c) fa_i_tma_prefetch_l2(&maps->q, CE * c, mb * BM, h, b);
     }
 }
@@ -2431,9 +2504,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
    permutes make positions 4t .. 4t + 3 of d 2g and of d 2g + 1, and one
    stmatrix x4 writes them to rows 2g, 2g + 1 (+16) of V^T. The reads are
    8 consecutive keys, free of bank conflicts. */
-static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const fa_params *p,
-                                                                         const fa_i_fa3_smem *L,
-                                                                         int warp)
+static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(
+    const fa_params *p, const fa_i_tma_maps *maps, const fa_i_fa3_smem *L, int warp)
 {
     enum {
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
@@ -2448,9 +2520,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const 
     const uint32_t st_d = 16 * (mi >> 1) + 2 * row + (mi & 1);
     const uint32_t key_swz = RB == 128 ? ld_key & 7 : (ld_key >> 1) & 3;
     const uint32_t vt_row_swz = BN == 128 ? st_d & 7 : (st_d >> 1) & 3;
-    const int blocks_m = (p->seqlen_q + BM - 1) / BM;
     int64_t k;
-    int it = 0, mb, h, b, have = fa_i_fa3_tile(p, 0, blocks_m, &mb, &h, &b);
+    int it = 0, mb, h, b, have = fa_i_fa3_tile(p, maps, 0, BM, &mb, &h, &b);
     for (k = 0; have; ++k) {
         int first_lo, last_hi, n;
         fa_i_rows_key_span(p, mb * BM, min(mb * BM + BM, p->seqlen_q), &first_lo, &last_hi);
@@ -2482,7 +2553,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(const 
                 fa_i_mbar_arrive(L->vr_empty + 8 * r.stage);
             }
         }
-        have = fa_i_fa3_tile(p, k + 1, blocks_m, &mb, &h, &b);
+        have = fa_i_fa3_tile(p, maps, k + 1, BM, &mb, &h, &b);
     }
 }
 #endif
@@ -2561,7 +2632,6 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
     static_assert(!O_IN_RING || (NC == 2 && 64 * D * 2 <= TILE),
                   "flashattn: O staged in the ring needs 2 warpgroups and a stage that holds 64 rows");
     const int tid = threadIdx.x, t = tid % 128, lane = t & 31, warp = t >> 5;
-    const int blocks_m = (p->seqlen_q + BM - 1) / BM;
     const float log2_scale = p->softcap > 0.0f ? 1.0f : p->scale * FA_I_LOG2E_F;
     float o[D / 2], s[BN / 2], m_run[2], l_run[2], alpha[2];
     uint32_t pr[FA_I_FA3_PR];
@@ -2570,19 +2640,23 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
 #pragma unroll
     for (i = 0; i < BN / 2; ++i) s[i] = 0.0f;
     if (PINGPONG && cw == NC - 1) fa_i_named_arrive(1, 256); /* warpgroup 0 goes first */
-    have = fa_i_fa3_tile(p, 0, blocks_m, &mb, &h, &b);
+    have = fa_i_fa3_tile(p, maps, 0, BM, &mb, &h, &b);
     for (k = 0; have; ++k) {
-        const int m0 = mb * BM, last = min(m0 + BM, p->seqlen_q);
+        fa_params view; /* the tile's problem (varlen: its sequence's) */
+        int mapb;
+        const fa_i_tma_maps *tile_maps = fa_i_fa3_rows(p, maps, b, &view, &mapb);
+        float *lse_rows;
+        int store_m0, store_h;
+        const int m0 = mb * BM, last = min(m0 + BM, view.seqlen_q);
         const fa_i_ring q = fa_i_ring_at64(k, Q_BUFS);
-        const int h_now = h, b_now = b;
         const uint32_t sq_wg = L->sq + q.stage * Q_BYTES + cw * 64 * RB;
         const uint32_t so_wg = O_APART ? L->so + cw * 64 * 128 : sq_wg;
-        const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
+        const int row = m0 + 64 * cw + 16 * warp + (lane >> 2), row_in_tile = row - m0; /* and + 8 */
         int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n, n_first, n_end, in_ring;
         float inv[2]; /* 1 / (row sum) */
         uint32_t last_stage; /* ring stage of the last key tile */
-        fa_i_rows_key_span(p, m0, last, &first_lo, &last_hi);
-        fa_i_rows_common_keys(p, m0, last, &all_lo, &all_hi);
+        fa_i_rows_key_span(&view, m0, last, &first_lo, &last_hi);
+        fa_i_rows_common_keys(&view, m0, last, &all_lo, &all_hi);
         n_first = first_lo / BN;
         n_end = (last_hi + BN - 1) / BN;
         in_ring = O_IN_RING && n_first < n_end;
@@ -2590,14 +2664,14 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         /* the descales: Q's of this warpgroup's rows (in one FA_FP8_BLOCK),
            K's and V's of key tile n at dk, dv[FA_I_KEY_BLOCK(n)] */
         const int ds_step = p->fp8_scaling == FA_FP8_SCALE_BLOCK;
-        const int hk_now = h_now / (p->heads_q / p->heads_kv);
+        const int hk_now = h / (p->heads_q / p->heads_kv);
         /* (a warpgroup whose rows all lie past the end reads the last block's) */
-        const float dq = p->q_descale[fa_i_descale_index(p->fp8_scaling, b_now, h_now, p->heads_q,
+        const float dq = p->q_descale[fa_i_descale_index(p->fp8_scaling, b, h, p->heads_q,
                                                          p->seqlen_q,
                                                          min(m0 + 64 * cw, p->seqlen_q - 1))];
-        const float *dk = p->k_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,
+        const float *dk = p->k_descale + fa_i_descale_index(p->fp8_scaling, b, hk_now,
                                                             p->heads_kv, p->seqlen_k, 0);
-        const float *dv = p->v_descale + fa_i_descale_index(p->fp8_scaling, b_now, hk_now,
+        const float *dv = p->v_descale + fa_i_descale_index(p->fp8_scaling, b, hk_now,
                                                             p->heads_kv, p->seqlen_k, 0);
 #define FA_I_KEY_BLOCK(n) ((n) * BN / FA_FP8_BLOCK * ds_step)
         /* O's units (fa_i_fp8_v_units): first the largest V descale among
@@ -2627,7 +2701,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         for (i = 0; i < 2; ++i) {
             m_run[i] = -INFINITY;
             l_run[i] = 0.0f;
-            fa_i_key_range(p, row + 8 * i, &lo[i], &hi[i]);
+            fa_i_key_range(&view, row + 8 * i, &lo[i], &hi[i]);
         }
 #pragma unroll
         for (i = 0; i < D / 2; ++i) o[i] = 0.0f;
@@ -2686,6 +2760,12 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
            tile unless O goes over it (no wgmma reads Q now); the row sums,
            LSE and the next tile's coordinates. */
         if ((O_APART || in_ring) && lane == 0) fa_i_mbar_arrive(L->q_empty + 8 * q.stage);
+        /* the tile's coordinates and problem again, derived anew rather
+           than held in registers over the key loop */
+        fa_i_fa3_tile(p, maps, k, BM, &mb, &h, &b);
+        tile_maps = fa_i_fa3_rows(p, maps, b, &view, &mapb);
+        lse_rows = p->lse ? fa_i_fa3_lse_rows(p, maps, b, h) + mb * BM + row_in_tile : NULL;
+        store_h = h, store_m0 = mb * BM;
 #pragma unroll
         for (i = 0; i < 2; ++i) {
             float l = l_run[i];
@@ -2694,17 +2774,13 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             inv[i] = l == 0.0f ? 0.0f : fa_i_dev_rcp(l); /* a NaN l stays NaN */
 #if FA_I_FP8 /* O in units of dv_ref; P was 2^8 too large */
             if (n_first < n_end) inv[i] *= dv_ref;
-            if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
-                p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
-                    l == 0.0f ? -INFINITY
-                              : (m_run[i] + fa_i_dev_log2(l) - FA_I_FP8_P_SHIFT) * FA_I_LN2_F;
-#else
-            if ((lane & 3) == 0 && p->lse && row + 8 * i < p->seqlen_q)
-                p->lse[((int64_t)b_now * p->heads_q + h_now) * p->seqlen_q + row + 8 * i] =
-                    l == 0.0f ? -INFINITY : (m_run[i] + fa_i_dev_log2(l)) * FA_I_LN2_F;
 #endif
+            if ((lane & 3) == 0 && lse_rows && store_m0 + row_in_tile + 8 * i < view.seqlen_q)
+                lse_rows[8 * i] =
+                    l == 0.0f ? -INFINITY
+                              : (m_run[i] + fa_i_dev_log2(l) - FA_I_FA3_P_SHIFT) * FA_I_LN2_F;
         }
-        have = fa_i_fa3_tile(p, k + 1, blocks_m, &mb, &h, &b);
+        have = fa_i_fa3_tile(p, maps, k + 1, BM, &mb, &h, &b);
 #if FA_FA3_OVERLAP
         /* Unconditional (a no-op without a PV): behind the branch ptxas
            can't see O complete and serializes the wgmmas (C7514). */
@@ -2729,9 +2805,10 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             if (t == 0) fa_i_tma_store_wait_read();
             fa_i_named_sync(1 + NC + cw, 128);
         }
+        if (maps->seqs && t == 0) fa_i_tma_map_acquire(&tile_maps->o);
         FA_I_KNAME_V(fa_i_fa3_store_o)(
-            maps, L, in_ring ? (cw == 0 ? L->sk : FA_I_FA3_V_IN(L)) + last_stage * TILE : so_wg,
-            in_ring ? 64 * 128 : BM * 128, in_ring, q.stage, last_stage, m0, h_now, b_now, cw, o,
+            tile_maps, L, in_ring ? (cw == 0 ? L->sk : FA_I_FA3_V_IN(L)) + last_stage * TILE : so_wg,
+            in_ring ? 64 * 128 : BM * 128, in_ring, q.stage, last_stage, store_m0, store_h, mapb, cw, o,
             inv, p->o_dtype == FA_DTYPE_BF16);
     }
     if (PINGPONG && cw == 0) fa_i_named_sync(1, 256); /* matches the last one's last arrival */
@@ -2802,7 +2879,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS_OF(NC, FA_I_FP8)));
         if (tid == 0) FA_I_KNAME_V(fa_i_fa3_producer)(&p, &maps, &L);
 #if FA_I_FP8
-        else if (tid >= 32) FA_I_KNAME_V(fa_i_fa3_transpose_v)(&p, &L, __shfl_sync(0xffffffffu, tid / 32 - 1, 0));
+        else if (tid >= 32) FA_I_KNAME_V(fa_i_fa3_transpose_v)(&p, &maps, &L, __shfl_sync(0xffffffffu, tid / 32 - 1, 0));
 #endif
     } else {
         /* the warpgroup index from lane 0: ptxas then treats it (and what
@@ -2827,6 +2904,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #undef FA_I_FA3_RB
 #undef FA_I_FA3_CE
 #undef FA_I_FA3_PR
+#undef FA_I_FA3_P_SHIFT
 #undef FA_I_FA3_V_IN
 #undef FA_I_FA3_V_IN_EMPTY
 #endif /* >> fa3 forward */
@@ -5175,21 +5253,32 @@ static const fa_i_kernel *fa_i_fa3_pick(const fa_params *p, const fa_i_kernels *
     return k->fa3_fwd[1].fn && alt ? &k->fa3_fwd[1] : &k->fa3_fwd[0];
 }
 
-/* Whether the Hopper forward runs p: its kernel can run here and every
-   tensor gets a tensor map. Otherwise the FA2 kernel runs. *ctas: the
-   persistent grid, one CTA per SM or per pair of tiles, whichever is fewer. */
-static int fa_i_fa3_ready(const fa_params *p, const fa_i_kernel *k, const fa_i_device *dev,
-                          fa_i_tma_maps *maps, int *ctas)
+/* The FA3 forward's tensor maps of a dense p (0 if the driver refuses one). */
+static int fa_i_fa3_maps(const fa_params *p, const fa_i_kernel *k, fa_i_tma_maps *maps)
 {
     const int d = p->head_dim, dv = p->head_dim_v, hq = p->heads_q, hk = p->heads_kv;
-    int64_t pairs;
-    if (!fa_i_fa3_compiled(k->fn, k->smem, dev)) return 0;
-    pairs = ((int64_t)fa_i_blocks(p->seqlen_q, k->rows) * p->heads_q * p->batch + 1) / 2;
-    *ctas = pairs < dev->sms ? (int)pairs : dev->sms;
+    memset(maps, 0, sizeof *maps);
     return fa_i_tma_map(&maps->q, p->q, &p->q_layout, p, p->dtype, d, p->seqlen_q, hq, k->rows) &&
            fa_i_tma_map(&maps->k, p->k, &p->k_layout, p, p->dtype, d, p->seqlen_k, hk, k->keys) &&
            fa_i_tma_map(&maps->v, p->v, &p->v_layout, p, p->dtype, dv, p->seqlen_k, hk, k->keys) &&
            fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->o_dtype, dv, p->seqlen_q, hq, 64);
+}
+
+/* The persistent grid for `tiles` tiles: one CTA per SM or per pair of
+   tiles, whichever is fewer. */
+static int fa_i_fa3_ctas(int64_t tiles, const fa_i_device *dev)
+{
+    return (tiles + 1) / 2 < dev->sms ? (int)((tiles + 1) / 2) : dev->sms;
+}
+
+/* Whether the Hopper forward runs p: its kernel can run here and every
+   tensor gets a tensor map. Otherwise the FA2 kernel runs. *ctas: its grid. */
+static int fa_i_fa3_ready(const fa_params *p, const fa_i_kernel *k, const fa_i_device *dev,
+                          fa_i_tma_maps *maps, int *ctas)
+{
+    if (!fa_i_fa3_compiled(k->fn, k->smem, dev)) return 0;
+    *ctas = fa_i_fa3_ctas((int64_t)fa_i_blocks(p->seqlen_q, k->rows) * p->heads_q * p->batch, dev);
+    return fa_i_fa3_maps(p, k, maps);
 }
 
 /* The same for the Hopper backward (atomic mode) and its tensor maps. */
@@ -5739,12 +5828,154 @@ static fa_status fa_i_copy_rows(float *dst, int dst_pitch, const float *src, int
     return e == cudaSuccess ? FA_OK : fa_i_cuda_error(e, "cudaMemcpy2DAsync of LSE rows");
 }
 
+/* A sequence with queries but no keys: O = 0, LSE = -inf (lse_l: [Hq, total_q]). */
+static fa_status fa_i_varlen_no_keys(const fa_params *p, const fa_params *seq, int q0,
+                                     const fa_layout *lse_l, cudaStream_t stream)
+{
+    fa_status s = fa_i_fill(seq->o, &p->o_layout, seq->seqlen_q, p->heads_q, p->head_dim_v,
+                            p->o_dtype, 0.0f, stream);
+    if (s == FA_OK && p->lse)
+        s = fa_i_fill(p->lse + q0, lse_l, seq->seqlen_q, p->heads_q, 1, FA_DTYPE_F32, -INFINITY,
+                      stream);
+    return s;
+}
+
+#if FA_I_SM90
+/* The varlen forward in one launch of the FA3 kernel (DESIGN.md, ragged
+   batches): per sequence with queries and keys its tensor maps and entry,
+   and the query blocks of them all in schedule order, staged on the stack
+   and copied into the workspace (64-byte aligned: the maps) in chunks; the
+   sequences go by the power of two of their work (nq nk), largest first,
+   so that the shortest tiles run last. Taken where the longest sequence's
+   dense plan is the FA3 kernel's, outside stream capture (the copies are
+   from host memory); else *taken = 0 and the caller runs sequence by
+   sequence. */
+#define FA_I_VARLEN_SEQS 16    /* sequences staged per copy */
+#define FA_I_VARLEN_BLOCKS 512 /* blocks staged per copy */
+typedef struct fa_i_varlen_stage {
+    fa_i_tma_maps maps[FA_I_VARLEN_SEQS];
+    fa_i_fa3_seq seqs[FA_I_VARLEN_SEQS];
+    int2 blocks[FA_I_VARLEN_BLOCKS];
+    int n_seqs, n_blocks;       /* staged */
+    int seqs_done, blocks_done; /* copied */
+    fa_i_tma_maps *dev_maps;
+    fa_i_fa3_seq *dev_seqs;
+    int2 *dev_blocks;
+    cudaStream_t stream;
+} fa_i_varlen_stage;
+
+static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
+{
+    cudaError_t e = cudaSuccess;
+    if (st->n_seqs &&
+        ((e = cudaMemcpyAsync(st->dev_maps + st->seqs_done, st->maps, sizeof(fa_i_tma_maps) * st->n_seqs,
+                              cudaMemcpyHostToDevice, st->stream)) != cudaSuccess ||
+         (e = cudaMemcpyAsync(st->dev_seqs + st->seqs_done, st->seqs, sizeof(fa_i_fa3_seq) * st->n_seqs,
+                              cudaMemcpyHostToDevice, st->stream)) != cudaSuccess))
+        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
+    if (st->n_blocks &&
+        (e = cudaMemcpyAsync(st->dev_blocks + st->blocks_done, st->blocks,
+                             sizeof(int2) * st->n_blocks, cudaMemcpyHostToDevice, st->stream)) !=
+            cudaSuccess)
+        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
+    st->seqs_done += st->n_seqs, st->blocks_done += st->n_blocks;
+    st->n_seqs = st->n_blocks = 0;
+    return FA_OK;
+}
+
+/* The power of two of a sequence's work, or -1 where it has none. */
+static int fa_i_varlen_class(const fa_params *p, int b)
+{
+    int nq, nk, c = 0;
+    int64_t work;
+    fa_i_varlen_sequence(p, b, &nq, &nk);
+    if (!nq || !nk) return -1;
+    for (work = (int64_t)nq * nk; work > 1; work >>= 1) ++c;
+    return c;
+}
+
+static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int total_q,
+                                 int longest, int *taken)
+{
+    fa_i_forward_plan plan;
+    fa_i_device dev;
+    fa_i_varlen_stage st;
+    fa_i_tma_maps maps;
+    fa_params run;
+    cudaStreamCaptureStatus capture;
+    const fa_i_kernel *k;
+    int64_t blocks = 0;
+    size_t need;
+    char *at;
+    int nq, nk, b, c, seqs = 0;
+    fa_status s;
+    fa_params seq = fa_i_varlen_sequence(p, longest, &nq, &nk);
+    *taken = 0;
+    if (nq <= FA_I_DECODE_MAX_Q || !nk ||
+        fa_i_plan_forward(&seq, (size_t)-1, &plan) != FA_OK || plan.algorithm != 3 ||
+        fa_i_device_facts(&dev) != cudaSuccess)
+        return FA_OK;
+    k = plan.fa3;
+    for (b = 0; b < p->batch; ++b) {
+        fa_i_varlen_sequence(p, b, &nq, &nk);
+        if (!nq || !nk) continue;
+        ++seqs;
+        blocks += fa_i_blocks(nq, k->rows);
+    }
+    if (blocks * p->heads_q > 0x7fffffff) return FA_OK;
+    need = 64 + (sizeof(fa_i_tma_maps) + sizeof(fa_i_fa3_seq)) * (size_t)seqs +
+           sizeof(int2) * (size_t)blocks;
+    if (need > call->need) call->need = need;
+    if (!call->run || call->workspace_size < need ||
+        cudaStreamIsCapturing(call->stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone)
+        return FA_OK;
+    for (b = 0; b < p->batch; ++b) {
+        seq = fa_i_varlen_sequence(p, b, &nq, &nk);
+        if (nq && nk && (s = fa_i_check_aliasing(&seq, FA_PASS_FORWARD, call->workspace, need)) != FA_OK)
+            return s;
+    }
+    memset(&st, 0, sizeof st);
+    at = (char *)(((uintptr_t)call->workspace + 63) & ~(uintptr_t)63);
+    st.dev_maps = (fa_i_tma_maps *)at;
+    st.dev_seqs = (fa_i_fa3_seq *)(st.dev_maps + seqs);
+    st.dev_blocks = (int2 *)(st.dev_seqs + seqs);
+    st.stream = call->stream;
+    for (c = 62; c >= 0; --c)
+        for (b = 0; b < p->batch; ++b) {
+            fa_i_fa3_seq *e = &st.seqs[st.n_seqs];
+            int r, blocks_m;
+            if (fa_i_varlen_class(p, b) != c) continue;
+            seq = fa_i_varlen_sequence(p, b, &nq, &nk);
+            if (!fa_i_fa3_maps(&seq, k, &st.maps[st.n_seqs])) return FA_OK; /* sequence by sequence */
+            e->nq = nq, e->nk = nk, e->q0 = p->cu_seqlens_q[b], e->pad = 0;
+            blocks_m = fa_i_blocks(nq, k->rows);
+            for (r = 0; r < blocks_m; ++r) { /* within a head as the dense schedule runs them */
+                st.blocks[st.n_blocks].x = st.seqs_done + st.n_seqs;
+                st.blocks[st.n_blocks].y = !p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
+                if (++st.n_blocks == FA_I_VARLEN_BLOCKS && (s = fa_i_varlen_flush(&st)) != FA_OK)
+                    return s;
+            }
+            if (++st.n_seqs == FA_I_VARLEN_SEQS && (s = fa_i_varlen_flush(&st)) != FA_OK) return s;
+        }
+    if ((s = fa_i_varlen_flush(&st)) != FA_OK) return s;
+    run = plan.p; /* the kernel's params: the longest sequence's, but the varlen LSE */
+    run.lse = p->lse;
+    memset(&maps, 0, sizeof maps);
+    maps.seq_maps = st.dev_maps, maps.seqs = st.dev_seqs, maps.blocks = st.dev_blocks;
+    maps.num_blocks = (int)blocks, maps.total_q = total_q;
+    *taken = 1;
+    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(blocks * p->heads_q, &dev)), k->threads, k->smem,
+                       call->stream, &run, &maps);
+}
+#endif
+
 static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
 {
     const int bwd = call->pass == FA_PASS_BACKWARD;
     fa_params p;
     fa_status s = fa_params_resolve(params, call->pass, &p);
-    int total_q = 0, total_k = 0, max_nq = 0, b;
+    int total_q = 0, total_k = 0, max_nq = 0, longest = 0, b;
     size_t lse_bytes, inner = 0, avail = 0;
     float *lse_tmp = NULL;
     char *inner_ws = NULL;
@@ -5753,7 +5984,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     if ((s = fa_i_varlen_check(&p, call->pass, &total_q, &total_k)) != FA_OK) return s;
     for (b = 0; b < p.batch; ++b)
         if (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] > max_nq)
-            max_nq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+            max_nq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], longest = b;
     lse_bytes = bwd || p.lse ? ((size_t)p.heads_q * max_nq * sizeof(float) + 15) / 16 * 16 : 0;
     if (call->run) {
         if (lse_bytes && (!call->workspace || call->workspace_size < lse_bytes ||
@@ -5791,8 +6022,20 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
         if (nq == max_nq && !call->algorithm) call->algorithm = algorithm;
     }
     call->need = lse_bytes + inner;
-    if (!call->run) return FA_OK;
     lse_l.batch = 0, lse_l.head = total_q, lse_l.seq = 1; /* [Hq, total_q] */
+#if FA_I_SM90
+    if (!bwd) {
+        int taken;
+        if ((s = fa_i_varlen_fa3(&p, call, total_q, longest, &taken)) != FA_OK) return s;
+        for (b = 0; taken && b < p.batch && s == FA_OK; ++b) {
+            int nq, nk;
+            fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
+            if (nq && !nk) s = fa_i_varlen_no_keys(&p, &seq, p.cu_seqlens_q[b], &lse_l, call->stream);
+        }
+        if (taken) return s;
+    }
+#endif
+    if (!call->run) return FA_OK;
     for (b = 0; b < p.batch && s == FA_OK; ++b) {
         int nq, nk;
         fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
@@ -5804,11 +6047,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
         if (!bwd) {
             if (!nq) continue;
             if (!nk) {
-                s = fa_i_fill(seq.o, &p.o_layout, nq, p.heads_q, p.head_dim_v, p.o_dtype, 0.0f,
-                              call->stream);
-                if (s == FA_OK && p.lse)
-                    s = fa_i_fill(p.lse + q0, &lse_l, nq, p.heads_q, 1, FA_DTYPE_F32, -INFINITY,
-                                  call->stream);
+                s = fa_i_varlen_no_keys(&p, &seq, q0, &lse_l, call->stream);
                 continue;
             }
             if (!p.lse) seq.lse = NULL;

@@ -17,7 +17,7 @@ from test_gpu import need_gpu
 class VarlenProblem:
     def __init__(self, rng, lengths_q, lengths_k, used_k=None, heads_q=4, heads_kv=2,
                  head_dim=64, dtype="f32", causal=False, window=None, softcap=0.0, pad=0,
-                 head_dim_v=0):
+                 head_dim_v=0, poison_unused=False):
         self.lq, self.lk, self.used = list(lengths_q), list(lengths_k), used_k
         self.b, self.hq, self.hkv, self.d, self.dtype = len(lengths_q), heads_q, heads_kv, head_dim, dtype
         self.dv = head_dim_v or head_dim
@@ -31,6 +31,10 @@ class VarlenProblem:
         self.v = fa.quantize(rng.standard_normal((self.tk, heads_kv, self.dv)), dtype)
         self.dout = fa.quantize(rng.standard_normal((self.tq, heads_q, self.dv)), dtype)
         self.used_arr = None if used_k is None else np.array(used_k, np.int32)
+        if poison_unused:  # NaN in the K and V rows past each sequence's used keys
+            for b in range(self.b):
+                self.k[self.cu_k[b] + self.keys(b):self.cu_k[b + 1]] = np.nan
+                self.v[self.cu_k[b] + self.keys(b):self.cu_k[b + 1]] = np.nan
 
     def keys(self, b):
         return self.used[b] if self.used is not None else self.lk[b]
@@ -166,8 +170,9 @@ case("varlen_head_dim_v_33_70_padded", varlen_case, lengths_q=[3, 66], lengths_k
      head_dim=33, head_dim_v=70, window=(20, 2), pad=8)
 
 
-# The GPU: each sequence a dense problem on the dense path's kernels (FA3 at
-# d = 64, 128, 256 on Hopper, FA2 and the decode path elsewhere).
+# The GPU: on Hopper the whole batch in one launch of the FA3 kernel where
+# the longest sequence's dense plan is FA3's; else each sequence a dense
+# problem on the dense path's kernels (FA2, the decode path).
 for name, cfg in (
         ("ragged", dict(lengths_q=[5, 130, 1, 64], lengths_k=[9, 200, 1, 64])),
         ("empty_sequences", dict(lengths_q=[0, 17, 33, 0], lengths_k=[4, 0, 40, 0])),
@@ -183,6 +188,73 @@ for name, cfg in (
                                           heads_q=4, heads_kv=1, dtype="f16", pad=8,
                                           head_dim=256))):
     case(f"gpu_varlen_{name}", gpu_varlen_case, **dict(dict(dtype="bf16"), **cfg))
+
+
+case("gpu_varlen_seqused_k_poisoned_d128", gpu_varlen_case, lengths_q=[40, 300, 0, 17],
+     lengths_k=[64, 500, 9, 200], used_k=[33, 410, 9, 0], causal=True, head_dim=128,
+     dtype="bf16", poison_unused=True)
+
+
+def gpu_varlen_many_sequences(count, longest, **cfg):
+    """More sequences (and query blocks) than one staged copy holds."""
+    need_gpu()
+    rng = rng_for(f"varlen_many{count}")
+    lq = [int(x) for x in rng.integers(1, longest + 1, count)]
+    lk = [int(x) for x in rng.integers(1, longest + 1, count)]
+    lq[0] = longest
+    return varlen_case(backward=False, fwd="gpu", lengths_q=lq, lengths_k=lk, dtype="bf16", **cfg)
+
+
+case("gpu_varlen_many_sequences_600", gpu_varlen_many_sequences, 600, 40, causal=True,
+     heads_q=2, heads_kv=1)
+case("gpu_varlen_many_sequences_20_d256", gpu_varlen_many_sequences, 20, 300, head_dim=256,
+     window=(50, 10))
+
+
+def gpu_varlen_equals_dense_calls(**cfg):
+    """The ragged batch against a dense batch-1 call per sequence: O and LSE
+    equal bit for bit where both run the FA3 kernel's tile (each row sees the
+    same key tiles in the same order); sequences of 16 or fewer queries,
+    which a dense call runs on the decode kernel, are left to the float64
+    checks above."""
+    need_gpu()
+    prob = VarlenProblem(rng_for("varlen_dense" + str(cfg)), **cfg)
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    compared = 0
+    for b in range(prob.b):
+        q0, q1, k0, nk = prob.cu_q[b], prob.cu_q[b + 1], prob.cu_k[b], prob.keys(b)
+        if q1 - q0 <= 16 or nk == 0:
+            continue
+        t = {"q": fa.Tensor((1, q1 - q0, prob.hq, prob.d), prob.dtype, values=prob.q[None, q0:q1]),
+             "k": fa.Tensor((1, nk, prob.hkv, prob.d), prob.dtype, values=prob.k[None, k0:k0 + nk]),
+             "v": fa.Tensor((1, nk, prob.hkv, prob.dv), prob.dtype, values=prob.v[None, k0:k0 + nk]),
+             "o": fa.Tensor((1, q1 - q0, prob.hq, prob.dv), prob.dtype)}
+        dense_lse = np.full((1, prob.hq, q1 - q0), np.nan, np.float32)
+        p = prob.params(t, dense_lse)
+        p.batch, p.seqlen_q, p.seqlen_k = 1, int(q1 - q0), int(nk)
+        p.cu_seqlens_q = p.cu_seqlens_k = p.seqused_k = None
+        status = fa.call_forward("gpu", p)
+        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+        assert np.array_equal(t["o"].storage[0], fa.to_storage(o[q0:q1], prob.dtype)), \
+            f"sequence {b}: O differs"
+        assert np.array_equal(dense_lse[0], lse[:, q0:q1].astype(np.float32)), \
+            f"sequence {b}: LSE differs"
+        compared += 1
+    assert compared >= 3
+    return f"{compared} sequences bit for bit"
+
+
+for name, cfg in (
+        ("d128_causal_gqa", dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
+                                 lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True,
+                                 heads_q=6, heads_kv=2, head_dim=128)),
+        ("d64_window_softcap", dict(lengths_q=[200, 17, 513], lengths_k=[100, 300, 513],
+                                    window=(64, 0), softcap=20.0, head_dim=64)),
+        ("d256_seqused_k", dict(lengths_q=[100, 257, 40], lengths_k=[300, 257, 90],
+                                used_k=[280, 1, 90], head_dim=256, causal=True))):
+    case(f"gpu_varlen_equals_dense_calls_{name}", gpu_varlen_equals_dense_calls,
+         **dict(dict(dtype="bf16"), **cfg))
 
 
 def _varlen_bad(mutate, expected, backends=("fa2", "ref", "gpu")):

@@ -23,9 +23,11 @@
      backward  FA3 on Hopper at d = 64, 128, 256 (dQ by bulk reduce-add);
                FA2 elsewhere, and always in the deterministic mode (a
                separate dQ kernel, no atomics).
-     varlen    each sequence as a dense problem of batch 1, in turn on the
-               stream (cu_seqlens in host memory), the LSE rows moved by
-               2-D copies (>> host, at the end).
+     varlen    cu_seqlens in host memory. The forward on Hopper: the whole
+               batch in one launch of the FA3 kernel (a tensor map per
+               sequence, longest first). Otherwise, and the backward: each
+               sequence as a dense problem of batch 1, in turn on the
+               stream, the LSE rows moved by 2-D copies (>> host, at the end).
      paged     the block table copied into the workspace, k_new/v_new
                appended by a copy kernel; seqlen_q <= 16 on the decode
                kernel reading the pages in place, longer query chunks
@@ -3477,6 +3479,48 @@ static __device__ __forceinline__ void fa_i_quant_rotate(const fa_quantize_param
     for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] *= 1.0f / sqrtf((float)p->head_dim);
 }
 
+/* The block's scale from every lane's amax: its descale written, 1 / descale
+   returned. */
+static __device__ __forceinline__ float fa_i_quant_scale(const fa_quantize_params *p, float amax,
+                                                         float *part)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float descale;
+    int i;
+    for (i = 16; i > 0; i >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, i));
+    if (lane == 0) part[warp] = amax;
+    __syncthreads();
+    for (i = 0; i < FA_I_QUANT_WARPS; ++i) amax = fmaxf(amax, part[i]);
+    descale = fa_i_fp8_descale(amax, p->pow2_descale);
+    if (threadIdx.x == 0)
+        p->descale[((int64_t)blockIdx.z * p->heads + blockIdx.y) *
+                       ((p->seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK) +
+                   blockIdx.x] = descale;
+    return 1.0f / descale;
+}
+
+/* A lane's run of n codes (w: four a word) into row r of (b, h), from
+   element `col`. */
+static __device__ __forceinline__ void fa_i_quant_store(const fa_quantize_params *p, int b, int h,
+                                                        int r, int col, int n, const uint32_t *w)
+{
+    uint8_t *out = (uint8_t *)p->out + fa_i_dev_offset(&p->out_layout, b, h, r) + col;
+    int i;
+    if (n == FA_I_QUANT_RUN && (uintptr_t)out % 16 == 0) {
+        ((uint4 *)out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        ((uint4 *)out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    } else {
+#pragma unroll
+        for (i = 0; i < FA_I_QUANT_RUN; ++i)
+            if (i < n) out[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+    }
+}
+
+/* A lane's rows: the it-th of its warp's (rw rows a warp, lr lanes a row),
+   and whether the lane holds one there. */
+#define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_WARPS + warp) * rw + lane / lr)
+#define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
+
 /* One block of rows (the CTA's), each lane holding `iters` rows. */
 static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_params *pp, int iters)
 {
@@ -3500,8 +3544,6 @@ static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_par
         __syncthreads();
         neg = neg_words[(j * e) >> 5] >> ((j * e) & 31);
     }
-#define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_WARPS + warp) * rw + lane / lr)
-#define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
 #pragma unroll
     for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
         const int r = FA_I_QUANT_ROW(it);
@@ -3515,44 +3557,86 @@ static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_par
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN; ++i) amax = fmaxf(amax, fabsf(v[it][i]));
     }
-    for (i = 16; i > 0; i >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, i));
-    if (lane == 0) part[warp] = amax;
-    __syncthreads();
-    for (i = 0; i < FA_I_QUANT_WARPS; ++i) amax = fmaxf(amax, part[i]);
-    {
-        const float descale = fa_i_fp8_descale(amax, p.pow2_descale);
-        inv = 1.0f / descale;
-        if (threadIdx.x == 0)
-            p.descale[((int64_t)b * p.heads + h) * ((p.seqlen + FA_FP8_BLOCK - 1) / FA_FP8_BLOCK) +
-                      blk] = descale;
-    }
+    inv = fa_i_quant_scale(&p, amax, part);
 #pragma unroll
     for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
         const int r = FA_I_QUANT_ROW(it);
         uint32_t w[FA_I_QUANT_RUN / 4];
-        uint8_t *out;
         if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
         if (!FA_I_QUANT_MINE(it)) continue;
-        out = (uint8_t *)p.out + fa_i_dev_offset(&p.out_layout, b, h, r) + j * e;
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN; i += 4)
             w[i / 4] = fa_i_pack_e4m3(v[it][i] * inv, v[it][i + 1] * inv, v[it][i + 2] * inv,
                                       v[it][i + 3] * inv);
-        if (n == FA_I_QUANT_RUN && (uintptr_t)out % 16 == 0) {
-            ((uint4 *)out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-            ((uint4 *)out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-        } else {
-#pragma unroll
-            for (i = 0; i < FA_I_QUANT_RUN; ++i)
-                if (i < n) out[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
-        }
+        fa_i_quant_store(&p, b, h, r, j * e, n, w);
     }
-#undef FA_I_QUANT_ROW
-#undef FA_I_QUANT_MINE
 }
 
+/* The same for 16-bit rows without the rotation: a lane keeps its run as
+   the 16-bit pairs it loaded, half the registers of floats (so more CTAs an
+   SM keep loads in flight), and converts them twice, for the amax and for
+   the codes: the same values, so the same codes. */
+static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize_params *pp,
+                                                               int iters)
+{
+    __shared__ float part[FA_I_QUANT_WARPS]; /* the warps' amax (static: see fa_i_fa3_compiled) */
+    const fa_quantize_params p = *pp;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = p.head_dim;
+    const int e = d < FA_I_QUANT_RUN ? d : FA_I_QUANT_RUN, lr = (d + e - 1) / e, rw = 32 / lr;
+    const int j = lane % lr, n = min(e, d - j * e);
+    const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z, bf16 = p.dtype == FA_DTYPE_BF16;
+    const int r0 = blk * FA_FP8_BLOCK, r1 = min(r0 + FA_FP8_BLOCK, p.seqlen);
+    uint32_t u[FA_I_QUANT_ITERS][FA_I_QUANT_RUN / 2]; /* element 2i in the low half of word i */
+    float amax = 0.0f, inv;
+    int it, i;
+#pragma unroll
+    for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
+        const int r = FA_I_QUANT_ROW(it);
+        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
+#pragma unroll
+        for (i = 0; i < FA_I_QUANT_RUN / 2; ++i) u[it][i] = 0u; /* +0 in both dtypes */
+        if (FA_I_QUANT_MINE(it)) {
+            const uint16_t *src = (const uint16_t *)p.x + fa_i_dev_offset(&p.x_layout, b, h, r) + j * e;
+            if (n == FA_I_QUANT_RUN && (uintptr_t)src % 16 == 0) {
+#pragma unroll
+                for (i = 0; i < FA_I_QUANT_RUN / 8; ++i) {
+                    const uint4 w = ((const uint4 *)src)[i];
+                    u[it][4 * i] = w.x, u[it][4 * i + 1] = w.y;
+                    u[it][4 * i + 2] = w.z, u[it][4 * i + 3] = w.w;
+                }
+            } else {
+#pragma unroll
+                for (i = 0; i < FA_I_QUANT_RUN; ++i)
+                    if (i < n) u[it][i / 2] |= (uint32_t)src[i] << (16 * (i & 1));
+            }
+        }
+#pragma unroll
+        for (i = 0; i < FA_I_QUANT_RUN / 2; ++i) {
+            const float2 x = fa_i_unpack2(u[it][i], bf16);
+            amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
+        }
+    }
+    inv = fa_i_quant_scale(&p, amax, part);
+#pragma unroll
+    for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
+        const int r = FA_I_QUANT_ROW(it);
+        uint32_t w[FA_I_QUANT_RUN / 4];
+        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
+        if (!FA_I_QUANT_MINE(it)) continue;
+#pragma unroll
+        for (i = 0; i < FA_I_QUANT_RUN / 4; ++i) {
+            const float2 x = fa_i_unpack2(u[it][2 * i], bf16), y = fa_i_unpack2(u[it][2 * i + 1], bf16);
+            w[i] = fa_i_pack_e4m3(x.x * inv, x.y * inv, y.x * inv, y.y * inv);
+        }
+        fa_i_quant_store(&p, b, h, r, j * e, n, w);
+    }
+}
+#undef FA_I_QUANT_ROW
+#undef FA_I_QUANT_MINE
+
 /* Rows of d <= 128 fit one row a lane (at least 8 rows a warp): two CTAs an
-   SM keep more loads in flight; longer rows take two. */
+   SM keep more loads in flight (three with 16-bit pairs); longer rows take
+   two. */
 static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 2)
     fa_i_quantize_fp8_short(const fa_quantize_params p)
 {
@@ -3562,6 +3646,16 @@ static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 1)
     fa_i_quantize_fp8_long(const fa_quantize_params p)
 {
     fa_i_quantize_block(&p, 2);
+}
+static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 3)
+    fa_i_quantize_fp8_short_raw(const fa_quantize_params p)
+{
+    fa_i_quantize_block_raw(&p, 1);
+}
+static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 2)
+    fa_i_quantize_fp8_long_raw(const fa_quantize_params p)
+{
+    fa_i_quantize_block_raw(&p, 2);
 }
 #endif /* >> quantize */
 
@@ -5564,8 +5658,12 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *params, cudaStre
         return fa_i_fail(FA_ERR_UNSUPPORTED, "fp8 needs compute capability 8.9, not %d.%d",
                          dev.major, dev.minor);
     /* a build without code for this device has only the stub: no static smem */
-    kernel = p.head_dim <= 128 ? (const void *)fa_i_quantize_fp8_short
-                               : (const void *)fa_i_quantize_fp8_long;
+    if (!p.hadamard && p.dtype != FA_DTYPE_F32) /* fa_i_quantize_block_raw */
+        kernel = p.head_dim <= 128 ? (const void *)fa_i_quantize_fp8_short_raw
+                                   : (const void *)fa_i_quantize_fp8_long_raw;
+    else
+        kernel = p.head_dim <= 128 ? (const void *)fa_i_quantize_fp8_short
+                                   : (const void *)fa_i_quantize_fp8_long;
     if ((e = cudaFuncGetAttributes(&attr, kernel)) != cudaSuccess || attr.sharedSizeBytes == 0) {
         cudaGetLastError();
         return fa_i_fail(FA_ERR_UNSUPPORTED, "this build has no fp8 quantize kernel for the device");

@@ -207,7 +207,10 @@ for shape, src_dtype, hadamard, layout in (((2, 300, 3, 128), "bf16", True, "bsh
                                            ((2, 200, 2, 80), "bf16", False, "padded"),
                                            ((1, 257, 4, 16), "bf16", True, "bshd"),
                                            ((2, 300, 2, 256), "bf16", True, "bshd"),
-                                           ((1, 130, 3, 192), "f16", False, "bhsd")):
+                                           ((1, 130, 3, 192), "f16", False, "bhsd"),
+                                           ((2, 300, 3, 128), "bf16", False, "bshd"),
+                                           ((1, 257, 2, 256), "bf16", False, "bshd"),
+                                           ((3, 70, 2, 64), "f16", False, "padded")):
     case(f"gpu_fp8_quantize_matches_cpu_{'x'.join(map(str, shape))}_{src_dtype}"
          f"{'_hadamard' if hadamard else ''}_{layout}", gpu_quantize_matches_cpu, shape,
          src_dtype, hadamard, layout)

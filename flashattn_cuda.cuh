@@ -6132,6 +6132,8 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
         }
         if (taken) return s;
     }
+#else
+    (void)longest;
 #endif
     if (!call->run) return FA_OK;
     for (b = 0; b < p.batch && s == FA_OK; ++b) {

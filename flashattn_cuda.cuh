@@ -5068,7 +5068,7 @@ extern "C" {
 
 /* A ragged batch or a paged cache (fa_i_seq_run, at the end): run
    (workspace, stream) or only planned (*need: its workspace bytes;
-   *algorithm: that of its longest query sequence), every sequence checked
+   *algorithm: that of its longest query sequence with keys), every sequence checked
    before anything runs. */
 typedef struct fa_i_seq_call {
     fa_pass pass;
@@ -6073,7 +6073,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     const int bwd = call->pass == FA_PASS_BACKWARD;
     fa_params p;
     fa_status s = fa_params_resolve(params, call->pass, &p);
-    int total_q = 0, total_k = 0, max_nq = 0, longest = 0, b;
+    int total_q = 0, total_k = 0, max_nq = 0, longest = 0, ran_nq = 0, b;
     size_t lse_bytes, inner = 0, avail = 0;
     float *lse_tmp = NULL;
     char *inner_ws = NULL;
@@ -6117,7 +6117,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
                                                   lse_bytes + need)) != FA_OK)
             return s;
         if (need > inner) inner = need;
-        if (nq == max_nq && !call->algorithm) call->algorithm = algorithm;
+        if (nq > ran_nq) call->algorithm = algorithm, ran_nq = nq; /* the longest that runs */
     }
     call->need = lse_bytes + inner;
     lse_l.batch = 0, lse_l.head = total_q, lse_l.seq = 1; /* [Hq, total_q] */

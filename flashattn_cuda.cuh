@@ -5992,8 +5992,19 @@ static int fa_i_varlen_class(const fa_params *p, int b)
     return c;
 }
 
+/* The longest query sequence with keys (-1: none). */
+static int fa_i_varlen_longest(const fa_params *p)
+{
+    int b, nq, nk, best = -1, best_nq = 0;
+    for (b = 0; b < p->batch; ++b) {
+        fa_i_varlen_sequence(p, b, &nq, &nk);
+        if (nk && nq > best_nq) best = b, best_nq = nq;
+    }
+    return best;
+}
+
 static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int total_q,
-                                 int longest, int *taken)
+                                 int *taken)
 {
     fa_i_forward_plan plan;
     fa_i_device dev;
@@ -6007,9 +6018,12 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
     char *at;
     int nq, nk, b, c, seqs = 0;
     fa_status s;
-    fa_params seq = fa_i_varlen_sequence(p, longest, &nq, &nk);
+    const int longest = fa_i_varlen_longest(p);
+    fa_params seq;
     *taken = 0;
-    if (nq <= FA_I_DECODE_MAX_Q || !nk ||
+    if (longest < 0) return FA_OK;
+    seq = fa_i_varlen_sequence(p, longest, &nq, &nk);
+    if (nq <= FA_I_DECODE_MAX_Q ||
         fa_i_plan_forward(&seq, (size_t)-1, &plan) != FA_OK || plan.algorithm != 3 ||
         fa_i_device_facts(&dev) != cudaSuccess)
         return FA_OK;
@@ -6073,7 +6087,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     const int bwd = call->pass == FA_PASS_BACKWARD;
     fa_params p;
     fa_status s = fa_params_resolve(params, call->pass, &p);
-    int total_q = 0, total_k = 0, max_nq = 0, longest = 0, ran_nq = 0, b;
+    int total_q = 0, total_k = 0, max_nq = 0, ran_nq = 0, b;
     size_t lse_bytes, inner = 0, avail = 0;
     float *lse_tmp = NULL;
     char *inner_ws = NULL;
@@ -6082,7 +6096,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     if ((s = fa_i_varlen_check(&p, call->pass, &total_q, &total_k)) != FA_OK) return s;
     for (b = 0; b < p.batch; ++b)
         if (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] > max_nq)
-            max_nq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], longest = b;
+            max_nq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
     lse_bytes = bwd || p.lse ? ((size_t)p.heads_q * max_nq * sizeof(float) + 15) / 16 * 16 : 0;
     if (call->run) {
         if (lse_bytes && (!call->workspace || call->workspace_size < lse_bytes ||
@@ -6124,7 +6138,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
 #if FA_I_SM90
     if (!bwd) {
         int taken;
-        if ((s = fa_i_varlen_fa3(&p, call, total_q, longest, &taken)) != FA_OK) return s;
+        if ((s = fa_i_varlen_fa3(&p, call, total_q, &taken)) != FA_OK) return s;
         for (b = 0; taken && b < p.batch && s == FA_OK; ++b) {
             int nq, nk;
             fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
@@ -6132,8 +6146,6 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
         }
         if (taken) return s;
     }
-#else
-    (void)longest;
 #endif
     if (!call->run) return FA_OK;
     for (b = 0; b < p.batch && s == FA_OK; ++b) {

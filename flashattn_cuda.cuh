@@ -2653,7 +2653,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         const fa_i_ring q = fa_i_ring_at64(k, Q_BUFS);
         const uint32_t sq_wg = L->sq + q.stage * Q_BYTES + cw * 64 * RB;
         const uint32_t so_wg = O_APART ? L->so + cw * 64 * 128 : sq_wg;
-        const int row = m0 + 64 * cw + 16 * warp + (lane >> 2), row_in_tile = row - m0; /* and + 8 */
+        const int row = m0 + 64 * cw + 16 * warp + (lane >> 2); /* and row + 8 */
+        const int row_in_tile = row - m0;
         int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n, n_first, n_end, in_ring;
         float inv[2]; /* 1 / (row sum) */
         uint32_t last_stage; /* ring stage of the last key tile */
@@ -2809,9 +2810,10 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
         }
         if (maps->seqs && t == 0) fa_i_tma_map_acquire(&tile_maps->o);
         FA_I_KNAME_V(fa_i_fa3_store_o)(
-            tile_maps, L, in_ring ? (cw == 0 ? L->sk : FA_I_FA3_V_IN(L)) + last_stage * TILE : so_wg,
-            in_ring ? 64 * 128 : BM * 128, in_ring, q.stage, last_stage, store_m0, store_h, mapb, cw, o,
-            inv, p->o_dtype == FA_DTYPE_BF16);
+            tile_maps, L,
+            in_ring ? (cw == 0 ? L->sk : FA_I_FA3_V_IN(L)) + last_stage * TILE : so_wg,
+            in_ring ? 64 * 128 : BM * 128, in_ring, q.stage, last_stage, store_m0, store_h, mapb,
+            cw, o, inv, p->o_dtype == FA_DTYPE_BF16);
     }
     if (PINGPONG && cw == 0) fa_i_named_sync(1, 256); /* matches the last one's last arrival */
     if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the stores */
@@ -2881,7 +2883,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS_OF(NC, FA_I_FP8)));
         if (tid == 0) FA_I_KNAME_V(fa_i_fa3_producer)(&p, &maps, &L);
 #if FA_I_FP8
-        else if (tid >= 32) FA_I_KNAME_V(fa_i_fa3_transpose_v)(&p, &maps, &L, __shfl_sync(0xffffffffu, tid / 32 - 1, 0));
+        else if (tid >= 32)
+            FA_I_KNAME_V(fa_i_fa3_transpose_v)(&p, &maps, &L,
+                                               __shfl_sync(0xffffffffu, tid / 32 - 1, 0));
 #endif
     } else {
         /* the warpgroup index from lane 0: ptxas then treats it (and what
@@ -3596,7 +3600,8 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN / 2; ++i) u[it][i] = 0u; /* +0 in both dtypes */
         if (FA_I_QUANT_MINE(it)) {
-            const uint16_t *src = (const uint16_t *)p.x + fa_i_dev_offset(&p.x_layout, b, h, r) + j * e;
+            const uint16_t *src =
+                (const uint16_t *)p.x + fa_i_dev_offset(&p.x_layout, b, h, r) + j * e;
             if (n == FA_I_QUANT_RUN && (uintptr_t)src % 16 == 0) {
 #pragma unroll
                 for (i = 0; i < FA_I_QUANT_RUN / 8; ++i) {
@@ -3625,7 +3630,8 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
         if (!FA_I_QUANT_MINE(it)) continue;
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN / 4; ++i) {
-            const float2 x = fa_i_unpack2(u[it][2 * i], bf16), y = fa_i_unpack2(u[it][2 * i + 1], bf16);
+            const float2 x = fa_i_unpack2(u[it][2 * i], bf16);
+            const float2 y = fa_i_unpack2(u[it][2 * i + 1], bf16);
             w[i] = fa_i_pack_e4m3(x.x * inv, x.y * inv, y.x * inv, y.y * inv);
         }
         fa_i_quant_store(&p, b, h, r, j * e, n, w);
@@ -5966,10 +5972,12 @@ static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
 {
     cudaError_t e = cudaSuccess;
     if (st->n_seqs &&
-        ((e = cudaMemcpyAsync(st->dev_maps + st->seqs_done, st->maps, sizeof(fa_i_tma_maps) * st->n_seqs,
-                              cudaMemcpyHostToDevice, st->stream)) != cudaSuccess ||
-         (e = cudaMemcpyAsync(st->dev_seqs + st->seqs_done, st->seqs, sizeof(fa_i_fa3_seq) * st->n_seqs,
-                              cudaMemcpyHostToDevice, st->stream)) != cudaSuccess))
+        ((e = cudaMemcpyAsync(st->dev_maps + st->seqs_done, st->maps,
+                              sizeof(fa_i_tma_maps) * st->n_seqs, cudaMemcpyHostToDevice,
+                              st->stream)) != cudaSuccess ||
+         (e = cudaMemcpyAsync(st->dev_seqs + st->seqs_done, st->seqs,
+                              sizeof(fa_i_fa3_seq) * st->n_seqs, cudaMemcpyHostToDevice,
+                              st->stream)) != cudaSuccess))
         return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
     if (st->n_blocks &&
         (e = cudaMemcpyAsync(st->dev_blocks + st->blocks_done, st->blocks,
@@ -6044,7 +6052,8 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
         return FA_OK;
     for (b = 0; b < p->batch; ++b) {
         seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-        if (nq && nk && (s = fa_i_check_aliasing(&seq, FA_PASS_FORWARD, call->workspace, need)) != FA_OK)
+        if (nq && nk &&
+            (s = fa_i_check_aliasing(&seq, FA_PASS_FORWARD, call->workspace, need)) != FA_OK)
             return s;
     }
     memset(&st, 0, sizeof st);
@@ -6059,12 +6068,14 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
             int r, blocks_m;
             if (fa_i_varlen_class(p, b) != c) continue;
             seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-            if (!fa_i_fa3_maps(&seq, k, &st.maps[st.n_seqs])) return FA_OK; /* sequence by sequence */
+            if (!fa_i_fa3_maps(&seq, k, &st.maps[st.n_seqs]))
+                return FA_OK; /* sequence by sequence */
             e->nq = nq, e->nk = nk, e->q0 = p->cu_seqlens_q[b], e->pad = 0;
             blocks_m = fa_i_blocks(nq, k->rows);
             for (r = 0; r < blocks_m; ++r) { /* within a head as the dense schedule runs them */
                 st.blocks[st.n_blocks].x = st.seqs_done + st.n_seqs;
-                st.blocks[st.n_blocks].y = !p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
+                st.blocks[st.n_blocks].y =
+                    !p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
                 if (++st.n_blocks == FA_I_VARLEN_BLOCKS && (s = fa_i_varlen_flush(&st)) != FA_OK)
                     return s;
             }
@@ -6142,7 +6153,8 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
         for (b = 0; taken && b < p.batch && s == FA_OK; ++b) {
             int nq, nk;
             fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
-            if (nq && !nk) s = fa_i_varlen_no_keys(&p, &seq, p.cu_seqlens_q[b], &lse_l, call->stream);
+            if (nq && !nk)
+                s = fa_i_varlen_no_keys(&p, &seq, p.cu_seqlens_q[b], &lse_l, call->stream);
         }
         if (taken) return s;
     }

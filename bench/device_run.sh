@@ -14,9 +14,17 @@ export FA_COMMIT=${FA_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,power.draw --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 # NO_BUILD=1: the libraries came built (carried); only the CPU ones are made here.
+# The varlen mode builds the default test library alone (and the A/B shims
+# of build/rev/main and build/rev/vl where staged: rev_variant.sh).
+cpu_libs=$(make -s -p -n 2>/dev/null | sed -n 's/^CPU_LIBS := //p' | head -1)
 targets="all bench-libs"
-[ -n "${NO_BUILD:-}" ] && targets=$(make -s -p -n 2>/dev/null | sed -n 's/^CPU_LIBS := //p' | head -1)
-if ! make -j16 $targets >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
+[ "$what" = varlen ] && targets="build/libflashattn_cuda_test.so $cpu_libs"
+[ -n "${NO_BUILD:-}" ] && targets=$cpu_libs
+if [ "$what" = varlen ] && [ -d build/rev/main ] && [ -d build/rev/vl ]; then
+    for n in main vl; do bash bench/rev_variant.sh build $n 128 >"$out/rev_$n.log" 2>&1 & done
+fi
+if ! make -j14 $targets >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
+wait
 # The GPU suite outlasts one call: TEST_PART=k/n takes the k-th of n slices
 # of its names (chunks of CHUNK names a process, each bounded by CHUNK_S
 # seconds); $1 is the command a chunk runs under (empty: none), $2 the log.
@@ -50,10 +58,19 @@ if [ "$what" = fp8 ]; then  # the FP8 tests, then the FP8 benchmark (args: bench
     done
     timeout 300 python3 bench/bench_fp8.py --out "$out" "$@" 2>&1 | tail -60
 fi
-if [ "$what" = varlen ]; then  # the ragged-batch tests (CPU and GPU), then bench_varlen.py
-    timeout 300 python3 tests/run_tests.py varlen gpu_varlen gpu_graph >"$out/test_varlen.log" 2>&1
+if [ "$what" = varlen ]; then
+    # the ragged-batch GPU tests, bench_varlen.py, then (shims staged) the
+    # dense FA3 forward and backward and the FP8 quantizer beside main's
+    timeout 200 python3 tests/run_tests.py gpu_varlen gpu_graph gpu_fp8_quantize \
+        >"$out/test_varlen.log" 2>&1
     grep -v "^PASS" "$out/test_varlen.log" | tail -40
-    timeout 240 python3 bench/bench_varlen.py --out "$out" 2>&1 | tail -12
+    timeout 120 python3 bench/bench_varlen.py --out "$out" 2>&1 | tail -6
+    if [ -f build/rev_main_d128.so ] && [ -f build/rev_vl_d128.so ]; then
+        ab="main=build/rev_main_d128.so vl=build/rev_vl_d128.so"
+        timeout 60 python3 bench/ab_gpu.py "128,8192,0;128,4096,1" $ab 2>&1 | tail -4
+        timeout 60 python3 bench/ab_gpu.py --bwd "128,8192,0;128,4096,1" $ab 2>&1 | tail -4
+        timeout 40 python3 bench/ab_quantize.py $ab 2>&1 | tail -5
+    fi
 fi
 if [ "$what" = ring ]; then  # the ring example, a rank per GPU here (args: sequence lengths)
     cmd=$(head -1 examples/ring_attention.cu | sed 's|^/\* Build: ||; s| \*/$||; s|-o ring_attention|-o build/ring_attention|')

@@ -3640,29 +3640,24 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
 #undef FA_I_QUANT_ROW
 #undef FA_I_QUANT_MINE
 
-/* Rows of d <= 128 fit one row a lane (at least 8 rows a warp): two CTAs an
-   SM keep more loads in flight (three with 16-bit pairs); longer rows take
-   two. */
-static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 2)
-    fa_i_quantize_fp8_short(const fa_quantize_params p)
-{
-    fa_i_quantize_block(&p, 1);
-}
-static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 1)
-    fa_i_quantize_fp8_long(const fa_quantize_params p)
-{
-    fa_i_quantize_block(&p, 2);
-}
-static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 3)
-    fa_i_quantize_fp8_short_raw(const fa_quantize_params p)
-{
-    fa_i_quantize_block_raw(&p, 1);
-}
-static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, 2)
-    fa_i_quantize_fp8_long_raw(const fa_quantize_params p)
-{
-    fa_i_quantize_block_raw(&p, 2);
-}
+/* The quantize kernels: rows of d <= 128 fit one row a lane (at least 8
+   rows a warp), longer rows take two; more CTAs an SM keep more loads in
+   flight, as many as the registers allow (16-bit pairs: fewer registers).
+   Columns: kernel, block body, rows a lane, CTAs an SM. */
+#define FA_I_QUANT_KERNELS(X)                                     \
+    X(fa_i_quantize_fp8_short, fa_i_quantize_block, 1, 2)         \
+    X(fa_i_quantize_fp8_long, fa_i_quantize_block, 2, 1)          \
+    X(fa_i_quantize_fp8_short_raw, fa_i_quantize_block_raw, 1, 3) \
+    X(fa_i_quantize_fp8_long_raw, fa_i_quantize_block_raw, 2, 2)
+#define FA_I_QUANT_KERNEL(name, body, iters, ctas)                                            \
+    static __global__ void __launch_bounds__(32 * FA_I_QUANT_WARPS, ctas)                     \
+        name(const fa_quantize_params p)                                                      \
+    {                                                                                         \
+        body(&p, iters);                                                                      \
+    }
+FA_I_QUANT_KERNELS(FA_I_QUANT_KERNEL)
+#undef FA_I_QUANT_KERNEL
+#undef FA_I_QUANT_KERNELS
 #endif /* >> quantize */
 
 /* >> backward common ==========================================================

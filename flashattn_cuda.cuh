@@ -3521,9 +3521,11 @@ static __device__ __forceinline__ void fa_i_quant_store(const fa_quantize_params
 }
 
 /* A lane's rows: the it-th of its warp's (rw rows a warp, lr lanes a row),
-   and whether the lane holds one there. */
+   whether the lane holds one there, and whether the rows end first. */
 #define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_WARPS + warp) * rw + lane / lr)
 #define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
+/* whether the warps' rows end before their it-th (or the lanes hold fewer) */
+#define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * FA_I_QUANT_WARPS * rw >= r1)
 
 /* One block of rows (the CTA's), each lane holding `iters` rows. */
 static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_params *pp, int iters)
@@ -3551,7 +3553,7 @@ static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_par
 #pragma unroll
     for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
         const int r = FA_I_QUANT_ROW(it);
-        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break; /* the warps' rows end */
+        if (FA_I_QUANT_DONE(it)) break;
         if (FA_I_QUANT_MINE(it))
             fa_i_quant_load(&p, fa_i_dev_offset(&p.x_layout, b, h, r) + j * e, n, v[it]);
         else
@@ -3566,7 +3568,7 @@ static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_par
     for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
         const int r = FA_I_QUANT_ROW(it);
         uint32_t w[FA_I_QUANT_RUN / 4];
-        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
+        if (FA_I_QUANT_DONE(it)) break;
         if (!FA_I_QUANT_MINE(it)) continue;
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN; i += 4)
@@ -3596,7 +3598,7 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
 #pragma unroll
     for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
         const int r = FA_I_QUANT_ROW(it);
-        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
+        if (FA_I_QUANT_DONE(it)) break;
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN / 2; ++i) u[it][i] = 0u; /* +0 in both dtypes */
         if (FA_I_QUANT_MINE(it)) {
@@ -3626,7 +3628,7 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
     for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
         const int r = FA_I_QUANT_ROW(it);
         uint32_t w[FA_I_QUANT_RUN / 4];
-        if (it >= iters || r0 + it * FA_I_QUANT_WARPS * rw >= r1) break;
+        if (FA_I_QUANT_DONE(it)) break;
         if (!FA_I_QUANT_MINE(it)) continue;
 #pragma unroll
         for (i = 0; i < FA_I_QUANT_RUN / 4; ++i) {
@@ -3639,6 +3641,7 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
 }
 #undef FA_I_QUANT_ROW
 #undef FA_I_QUANT_MINE
+#undef FA_I_QUANT_DONE
 
 /* The quantize kernels: rows of d <= 128 fit one row a lane (at least 8
    rows a warp), longer rows take two; more CTAs an SM keep more loads in

@@ -257,6 +257,86 @@ for name, cfg in (
          **dict(dict(dtype="bf16"), **cfg))
 
 
+def gpu_varlen_backward_equals_dense_calls(**cfg):
+    """The ragged batch's backward (atomic mode) against a dense batch-1 call
+    per sequence from the same O and LSE: dK and dV equal bit for bit (each
+    key block walks the same query blocks in the same order); dQ, summed by
+    atomic adds in another order, equal to within its fp32 rounding."""
+    need_gpu()
+    prob = VarlenProblem(rng_for("varlen_dense_bwd" + str(cfg)), **cfg)
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    status, dq, dk, dv = prob.backward(o, lse, "gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    compared = 0
+    for b in range(prob.b):
+        q0, q1, k0, nk = prob.cu_q[b], prob.cu_q[b + 1], prob.cu_k[b], prob.keys(b)
+        nq = q1 - q0
+        if nq == 0 or nk == 0:
+            continue
+        shapes = dict(q=(nq, prob.hq, prob.d, prob.q[q0:q1]), k=(nk, prob.hkv, prob.d, prob.k[k0:k0 + nk]),
+                      v=(nk, prob.hkv, prob.dv, prob.v[k0:k0 + nk]), o=(nq, prob.hq, prob.dv, o[q0:q1]),
+                      dout=(nq, prob.hq, prob.dv, prob.dout[q0:q1]), dq=(nq, prob.hq, prob.d, None),
+                      dk=(nk, prob.hkv, prob.d, None), dv=(nk, prob.hkv, prob.dv, None))
+        t = {name: fa.Tensor((1, n, h, d), prob.dtype, values=None if x is None else x[None])
+             for name, (n, h, d, x) in shapes.items()}
+        dense_lse = np.ascontiguousarray(lse[None, :, q0:q1].astype(np.float32))
+        p = prob.params(t, dense_lse)
+        p.batch, p.seqlen_q, p.seqlen_k = 1, int(nq), int(nk)
+        p.cu_seqlens_q = p.cu_seqlens_k = p.seqused_k = None
+        status = fa.call_backward("gpu", p)
+        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+        for name, got in (("dk", dk[k0:k0 + nk]), ("dv", dv[k0:k0 + nk])):
+            assert np.array_equal(t[name].storage[0], fa.to_storage(got, prob.dtype)), \
+                f"sequence {b}: {name} differs"
+        want = t["dq"].values()[0]
+        err = np.abs(dq[q0:q1] - want).max() / max(np.abs(want).max(), 1e-30)
+        assert err <= 1e-2, f"sequence {b}: dq differs by {err:.2g} of its largest"
+        compared += 1
+    assert compared >= 3
+    return f"{compared} sequences"
+
+
+for name, cfg in (
+        ("d128_causal_gqa", dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
+                                 lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True,
+                                 heads_q=6, heads_kv=2, head_dim=128)),
+        ("d64_seqused_k", dict(lengths_q=[200, 17, 513, 40], lengths_k=[100, 300, 513, 9],
+                               used_k=[100, 250, 400, 0], head_dim=64)),
+        ("d256_window", dict(lengths_q=[100, 257, 40], lengths_k=[300, 257, 90], head_dim=256,
+                             window=(60, 20)))):
+    case(f"gpu_varlen_backward_equals_dense_calls_{name}", gpu_varlen_backward_equals_dense_calls,
+         **dict(dict(dtype="bf16"), **cfg))
+
+
+def gpu_varlen_graph_capture():
+    """Captured into a CUDA graph (forward, deterministic backward) a ragged
+    batch runs sequence by sequence (the one-launch schedule comes from host
+    memory): the bits of the direct calls, which on Hopper take the one
+    launch (sequences of more than 16 queries: the same tile either way)."""
+    need_gpu()
+    prob = VarlenProblem(rng_for("varlen_graph"), [300, 0, 65, 1000], [500, 7, 65, 900],
+                         causal=True, head_dim=128, dtype="bf16")
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    status, *grads = prob.backward(o, lse, "gpu_det")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
+         "v": prob.tensor(prob.tk, prob.hkv, prob.v, True), "o": prob.tensor(prob.tq, prob.hq, None, True),
+         "dout": prob.tensor(prob.tq, prob.hq, prob.dout, True), "dq": prob.tensor(prob.tq, prob.hq),
+         "dk": prob.tensor(prob.tk, prob.hkv), "dv": prob.tensor(prob.tk, prob.hkv, None, True)}
+    graph_lse = np.full((prob.hq, prob.tq), np.nan, np.float32)
+    status = fa.GPU.fa_test_gpu_graph(ctypes.byref(prob.params(t, graph_lse)), 1)
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    got = [t["o"].values()[0], graph_lse.astype(np.float64)] + \
+          [t[n].values()[0] for n in ("dq", "dk", "dv")]
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), [o, lse] + grads, got):
+        assert np.array_equal(a, b, equal_nan=True), f"{name} differs under a graph"
+
+
+case("gpu_varlen_graph_capture", gpu_varlen_graph_capture)
+
+
 def _varlen_bad(mutate, expected, backends=("fa2", "ref", "gpu")):
     prob = VarlenProblem(rng_for("varlen_bad"), [5, 7], [6, 8])
     t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),

@@ -1073,20 +1073,23 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
    no commit): A and B are [d / 64][rows][64] tiles at shared addresses a
    and b with a_rows and b_rows rows, 128-byte swizzle; WGMMA is the SS
    wrapper whose N is B's rows; the first step overwrites acc. Used by the
-   forward's S = Q K^T and the backward's S^T and dP^T. */
+   backward's S^T and dP^T. */
 #define FA_I_SM90_GEMM_NT(WGMMA, acc, a, a_rows, b, b_rows) \
-    FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, FA_I_D / 16, 128)
+    FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, FA_I_D / 16, FA_I_D / 16, 128)
 /* The same over `steps` steps of 32 bytes (k16 of 16-bit elements, k32 of
-   FP8) in tiles [chunks][rows][rb] of rows of rb bytes (fa_i_wgmma_desc_rows). */
-#define FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, steps, rb)                         \
+   FP8) in tiles [chunks][rows][rb] of rows of rb bytes (fa_i_wgmma_desc_rows),
+   of which the first `live` are issued (warp-uniform): a head dim below the
+   tile's leaves zero columns in A past it, whose steps add nothing. */
+#define FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, steps, live, rb)                   \
     do {                                                                                      \
         const uint64_t ad_ = fa_i_wgmma_desc_rows(a, rb), bd_ = fa_i_wgmma_desc_rows(b, rb);  \
         int k_;                                                                               \
         _Pragma("unroll") for (k_ = 0; k_ < (steps); ++k_) /* chunk k / (rb / 32) */          \
-            WGMMA(acc,                                                                        \
-                  fa_i_desc_add(ad_, (k_ / ((rb) / 32)) * (a_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
-                  fa_i_desc_add(bd_, (k_ / ((rb) / 32)) * (b_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
-                  k_ > 0);                                                                    \
+            if (k_ < (live))                                                                  \
+                WGMMA(acc,                                                                    \
+                      fa_i_desc_add(ad_, (k_ / ((rb) / 32)) * (a_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
+                      fa_i_desc_add(bd_, (k_ / ((rb) / 32)) * (b_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
+                      k_ > 0);                                                                \
     } while (0)
 
 /* Issues acc += A B over an inner dimension of kdim (one k16 step per
@@ -2111,14 +2114,35 @@ static_assert(!FA_I_FP8 || (FA_I_FA3_FORM == 0 && FA_FP8_BLOCK % 64 == 0 &&
               "FA_FP8_BLOCK (one descale of K and V each; a warpgroup's 64 rows have one of "
               "Q), and O's own buffer");
 
-/* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). */
-static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_qk)(float *s, uint32_t sq, uint32_t sk)
+/* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). A head
+   dim below the tile's (d = 80 ... 224 on the tiles of 128 and 256) leaves
+   Q's columns past it zero, so only the steps up to the next eighth of the
+   tile's head dim are issued. One whole chain a branch: a branch inside a
+   chain, or chains that join before their commit, make ptxas insert
+   warpgroup.arrive waits (C7519). */
+#define FA_I_FA3_QK_CHAIN(steps)                                                               \
+    do {                                                                                      \
+        fa_i_wgmma_fence();                                                                   \
+        FA_I_SM90_GEMM_K(FA_I_WGMMA_QK, s, sq, BM, sk, BN, steps, steps, FA_I_FA3_RB);         \
+        fa_i_wgmma_commit();                                                                  \
+    } while (0)
+static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_qk)(const fa_params *p, float *s,
+                                                               uint32_t sq, uint32_t sk)
 {
-    enum { BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN };
-    fa_i_wgmma_fence();
-    FA_I_SM90_GEMM_K(FA_I_WGMMA_QK, s, sq, BM, sk, BN, FA_I_D * FA_I_FA3_ES / 32, FA_I_FA3_RB);
-    fa_i_wgmma_commit();
+    enum { BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STEPS = FA_I_D * FA_I_FA3_ES / 32 };
+    const int eighths = (8 * p->head_dim + FA_I_D - 1) / FA_I_D;
+    if (eighths >= 8)
+        FA_I_FA3_QK_CHAIN(STEPS);
+    else if (eighths == 7)
+        FA_I_FA3_QK_CHAIN((7 * STEPS + 7) / 8);
+    else if (eighths == 6)
+        FA_I_FA3_QK_CHAIN((6 * STEPS + 7) / 8);
+    else if (eighths == 5)
+        FA_I_FA3_QK_CHAIN((5 * STEPS + 7) / 8);
+    else
+        FA_I_FA3_QK_CHAIN((4 * STEPS + 7) / 8);
 }
+#undef FA_I_FA3_QK_CHAIN
 
 /* Issues O += P V with P (16-bit pairs, or FP8 quads against V^T) in
    registers (one commit group). */
@@ -2339,7 +2363,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
     int i;
     fa_i_mbar_wait(L->k_full + 8 * kn.stage, kn.phase);
     fa_i_fa3_turn_begin(PINGPONG, cw);
-    FA_I_KNAME_V(fa_i_fa3_qk)(s, sq_wg, L->sk + kn.stage * TILE);
+    FA_I_KNAME_V(fa_i_fa3_qk)(p, s, sq_wg, L->sk + kn.stage * TILE);
     fa_i_fa3_turn_end(PINGPONG, cw, NC);
     FA_I_WGMMA_WAIT(0);
     fa_i_fa3_s_landed(L, kn, s, BN / 2);
@@ -2354,8 +2378,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
 /* The step's head, every form alike: wait for K(n) and V(n - 1), issue S(n)
    = Q K(n)^T and O += P V(n - 1) in this warpgroup's turn. */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_issue)(
-    const fa_i_fa3_smem *L, uint32_t sq_wg, fa_i_ring kn, fa_i_ring vprev, int cw, float *o,
-    float *s, const uint32_t *pr)
+    const fa_params *p, const fa_i_fa3_smem *L, uint32_t sq_wg, fa_i_ring kn, fa_i_ring vprev,
+    int cw, float *o, float *s, const uint32_t *pr)
 {
     enum {
         BN = FA_I_FA3_BN, NC = FA_I_FA3_NC, TILE = BN * FA_I_D * FA_I_FA3_ES,
@@ -2363,7 +2387,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_issue)(
     };
     fa_i_mbar_wait2(L->k_full + 8 * kn.stage, kn.phase, L->v_full + 8 * vprev.stage, vprev.phase);
     fa_i_fa3_turn_begin(PINGPONG, cw);
-    FA_I_KNAME_V(fa_i_fa3_qk)(s, sq_wg, L->sk + kn.stage * TILE);
+    FA_I_KNAME_V(fa_i_fa3_qk)(p, s, sq_wg, L->sk + kn.stage * TILE);
     FA_I_KNAME_V(fa_i_fa3_pv)(o, pr, L->sv + vprev.stage * TILE);
     fa_i_fa3_turn_end(PINGPONG, cw, NC);
 }
@@ -2378,7 +2402,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_rowmax)(
 {
     enum { BN = FA_I_FA3_BN };
     int i, rescale;
-    FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
+    FA_I_KNAME_V(fa_i_fa3_issue)(p, L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(1);
     fa_i_fa3_s_landed(L, kn, s, BN / 2);
     if (p->softcap > 0.0f)
@@ -2401,7 +2425,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_spec)(
 {
     enum { BN = FA_I_FA3_BN };
     int redo;
-    FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
+    FA_I_KNAME_V(fa_i_fa3_issue)(p, L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(1);
     fa_i_fa3_s_landed(L, kn, s, BN / 2);
     redo = FA_I_KNAME_V(fa_i_fa3_softmax_spec)(p, s, e, pr, 0, n * BN, mask, lo, hi, log2_scale,
@@ -2419,7 +2443,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_packed)(
     int n, int mask, const int *lo, const int *hi, float log2_scale, int cw, FA_I_FA3_ROWS_STATE)
 {
     enum { BN = FA_I_FA3_BN };
-    FA_I_KNAME_V(fa_i_fa3_issue)(L, sq_wg, kn, vprev, cw, o, s, pr);
+    FA_I_KNAME_V(fa_i_fa3_issue)(p, L, sq_wg, kn, vprev, cw, o, s, pr);
     FA_I_WGMMA_WAIT(0);
     fa_i_fa3_s_landed(L, kn, s, BN / 2);
     fa_i_fa3_pv_landed(L, vprev, o, FA_I_D / 2, pr, FA_I_FA3_PR);

@@ -23,9 +23,9 @@
      backward  FA3 on Hopper at d = 64, 128, 256 (dQ by bulk reduce-add);
                FA2 elsewhere, and always in the deterministic mode (a
                separate dQ kernel, no atomics).
-     varlen    cu_seqlens in host memory. On Hopper the whole batch in one
-               launch of the FA3 forward or (atomic mode) backward kernel:
-               tensor maps per sequence, the longest first. Otherwise each
+     varlen    cu_seqlens in host memory. The forward on Hopper: the whole
+               batch in one launch of the FA3 kernel (a tensor map per
+               sequence, longest first). Otherwise, and the backward: each
                sequence as a dense problem of batch 1, in turn on the
                stream, the LSE rows moved by 2-D copies (>> host, at the end).
      paged     the block table copied into the workspace, k_new/v_new
@@ -606,8 +606,6 @@ typedef struct fa_i_bwd_args {
     float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, 64-row blocks][64 acc_d], tiled
                       as fa_i_bwd_postprocess says */
     int acc_d;     /* the kernels' head dim (the tile's, >= the problem's) */
-    const int2 *acc_rows; /* varlen: per 64-row block of a head's accumulator, its first packed
-                             query row and its rows (NULL: dense) */
 } fa_i_bwd_args;
 
 /* A staged gradient (accumulate_grads, grads_f32): the backward's kernels
@@ -621,13 +619,12 @@ typedef struct fa_i_grad_out {
 } fa_i_grad_out;
 
 #if FA_I_SM90
-/* A ragged batch in one launch of an FA3 kernel (varlen): sequence s of the
-   schedule (the host orders them by their work, largest first). */
+/* A ragged batch in one launch of the FA3 forward (varlen): sequence s of
+   the schedule (the host orders them by their work, largest first). */
 typedef struct fa_i_fa3_seq {
     int nq, nk; /* its queries, the keys it uses */
-    int q0, k0; /* its first rows in the packed tensors */
-    int acc0;   /* backward: its first 64-row block in each head's dQ accumulator */
-    int pad[3];
+    int q0;     /* its first row in the packed tensors */
+    int pad;
 } fa_i_fa3_seq;
 
 /* The FA3 forward's tensor maps {d, seq, head, batch}; each box is 64
@@ -645,18 +642,10 @@ typedef struct fa_i_tma_maps {
 } fa_i_tma_maps;
 
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
-   query rows or the tile's keys) and the shared ones. Varlen: per sequence
-   its own maps (batch 1, its rows only) and entry, per CTA column (grid x)
-   its {sequence, first key}, and the dQ accumulator's 64-row blocks per
-   head (every sequence's, each from a multiple of 128 rows); NULL and 0
-   for a dense problem. */
+   query rows or the tile's keys) and the shared ones. */
 typedef struct fa_i_fa3_bwd_args {
     CUtensorMap q, k, v, dout;
     fa_i_bwd_args a;
-    const struct fa_i_fa3_bwd_args *seq_maps;
-    const fa_i_fa3_seq *seqs;
-    const int2 *key_blocks;
-    int acc_blocks, total_q;
 } fa_i_fa3_bwd_args;
 #endif
 #endif /* >> types */
@@ -2021,7 +2010,7 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, const fa
         if (t >= maps->num_tiles) return 0;
         e = maps->tiles[(int)t];
         *b = e.x;
-        *h = e.y >> 16;
+        *h = (int)((uint32_t)e.y >> 16);
         *mb = e.y & 0xffff;
         return 1;
     }
@@ -3439,27 +3428,17 @@ static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
 #endif /* >> combine */
 
 /* >> quantize =================================================================
-   fa_cuda_quantize_fp8, block scaling: one CTA per block of FA_FP8_BLOCK
-   rows of a head, in one pass: each lane holds a run of e = min(d, 32)
-   elements of a row (lr = d / e lanes a row, 32 / lr rows a warp at a time)
-   in registers from its load to its store, while the CTA finds the block's
-   amax. The CTA has the warps that hold the block at once, at most
-   FA_I_QUANT_WARPS (fa_i_quant_warps: fewer below d = 128, so none idles).
-   The Hadamard rotation makes the CPU's butterflies in the CPU's order
-   (fa_i_quantize_row: spans below e inside a lane, then across lanes), so
-   both give the same bits. */
+   fa_cuda_quantize_fp8, block scaling: one CTA of FA_I_QUANT_WARPS warps per
+   block of FA_FP8_BLOCK rows of a head, in one pass: each lane holds a run of
+   e = min(d, 32) elements of a row (lr = d / e lanes a row, 32 / lr rows a
+   warp at a time) in registers from its load to its store, while the CTA
+   finds the block's amax. The Hadamard rotation makes the CPU's butterflies
+   in the CPU's order (fa_i_quantize_row: spans below e inside a lane, then
+   across lanes), so both give the same bits. */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_QUANT_WARPS 16
 #define FA_I_QUANT_RUN 32  /* most elements a lane holds of a row */
 #define FA_I_QUANT_ITERS 2 /* most rows a lane holds: d = 256, 4 rows a warp */
-
-/* The CTA's warps for head dim d. */
-static int fa_i_quant_warps(int d)
-{
-    const int e = d < FA_I_QUANT_RUN ? d : FA_I_QUANT_RUN, rows_per_warp = 32 / ((d + e - 1) / e);
-    const int w = (FA_FP8_BLOCK + rows_per_warp - 1) / rows_per_warp;
-    return w < FA_I_QUANT_WARPS ? w : FA_I_QUANT_WARPS;
-}
 
 /* The run of n elements at x[at ...] (16-byte vectors where aligned). */
 static __device__ __forceinline__ void fa_i_quant_load(const fa_quantize_params *p, int64_t at,
@@ -3538,7 +3517,7 @@ static __device__ __forceinline__ float fa_i_quant_scale(const fa_quantize_param
     for (i = 16; i > 0; i >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, i));
     if (lane == 0) part[warp] = amax;
     __syncthreads();
-    for (i = 0; i < (int)(blockDim.x >> 5); ++i) amax = fmaxf(amax, part[i]);
+    for (i = 0; i < FA_I_QUANT_WARPS; ++i) amax = fmaxf(amax, part[i]);
     descale = fa_i_fp8_descale(amax, p->pow2_descale);
     if (threadIdx.x == 0)
         p->descale[((int64_t)blockIdx.z * p->heads + blockIdx.y) *
@@ -3566,10 +3545,10 @@ static __device__ __forceinline__ void fa_i_quant_store(const fa_quantize_params
 
 /* A lane's rows: the it-th of its warp's (rw rows a warp, lr lanes a row),
    whether the lane holds one there, and whether the rows end first. */
-#define FA_I_QUANT_ROW(it) (r0 + ((it) * (int)(blockDim.x >> 5) + warp) * rw + lane / lr)
+#define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_WARPS + warp) * rw + lane / lr)
 #define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
 /* whether the warps' rows end before their it-th (or the lanes hold fewer) */
-#define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * (int)(blockDim.x >> 5) * rw >= r1)
+#define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * FA_I_QUANT_WARPS * rw >= r1)
 
 /* One block of rows (the CTA's), each lane holding `iters` rows. */
 static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_params *pp, int iters)
@@ -3820,7 +3799,7 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
    columns 8 j ... 8 j + 7 of rows r and r + 8, r = 16 (m / 8) + m % 8
    (pairs of (r, r + 8) from each of four neighbouring threads).
    Neighbouring x take neighbouring chunks of a row, so a warp's stores
-   cover whole rows. Varlen: a block's rows are where a.acc_rows says. */
+   cover whole rows. */
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3829,22 +3808,18 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
     const int j = x % (d / 8), m = x / (d / 8);
     const int64_t block = t / (4 * d), bh = block / blocks;
     const float4 *src = (const float4 *)(a.dq_acc + block * 64 * d + 512 * j + 16 * m);
-    const int r = 16 * (m >> 3) + (m & 7); /* in the block */
-    int first = (int)(block % blocks) * 64, rows = p.seqlen_q - first, i;
+    const int r = (int)(block % blocks) * 64 + 16 * (m >> 3) + (m & 7);
     float f[16];
+    int i;
     if (block >= (int64_t)p.batch * p.heads_q * blocks) return;
-    if (a.acc_rows) {
-        const int2 e = a.acc_rows[block % blocks];
-        first = e.x, rows = e.y;
-    }
     for (i = 0; i < 4; ++i) {
         const float4 v = src[i];
         f[2 * i] = v.x, f[2 * i + 1] = v.y, f[8 + 2 * i] = v.z, f[8 + 2 * i + 1] = v.w;
     }
-    for (i = 0; i < 2 && r + 8 * i < rows && 8 * j < p.head_dim; ++i)
+    for (i = 0; i < 2 && r + 8 * i < p.seqlen_q && 8 * j < p.head_dim; ++i)
         fa_i_store8((uint16_t *)p.dq +
                         fa_i_dev_offset(&p.dq_layout, (int)(bh / p.heads_q), (int)(bh % p.heads_q),
-                                        first + r + 8 * i) +
+                                        r + 8 * i) +
                         8 * j,
                     f + 8 * i, p.scale, bf16);
 }
@@ -3885,20 +3860,20 @@ static __global__ void fa_i_bwd_grads_out(const fa_params p, fa_i_grad_out a)
 }
 #endif /* FA_I_HOST */
 
-/* Per query row r0 + r (r < bm): the base-2 LSE, D and the key range (the
-   rows' LSE at lse[row_base ...], their D at dsum[row_base ...]). */
-static __device__ __forceinline__ void fa_i_bwd_row_facts_at(
-    const fa_params *p, const float *lse_all, const float *dsum_all, int64_t row_base, int r0,
-    float *slse, float *sdsum, int *slo, int *shi, int bm, int tid, int nthreads)
+/* Per query row r0 + r (r < bm): the base-2 LSE, D and the key range. */
+static __device__ __forceinline__ void fa_i_bwd_row_facts(
+    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, float *slse, float *sdsum,
+    int *slo, int *shi, int bm, int tid, int nthreads)
 {
+    const int64_t row_base = ((int64_t)b * p->heads_q + h) * p->seqlen_q;
     int r;
     for (r = tid; r < bm; r += nthreads) {
         int lo = 0, hi = 0;
         float lse = -INFINITY, dsum = 0.0f;
         if (r0 + r < p->seqlen_q) {
             fa_i_key_range(p, r0 + r, &lo, &hi);
-            lse = lse_all[row_base + r0 + r];
-            dsum = dsum_all[row_base + r0 + r];
+            lse = p->lse[row_base + r0 + r];
+            dsum = a->dsum[row_base + r0 + r];
         }
         /* LSE = -inf marks an empty row; +inf makes its P = 2^(s - inf) = 0. */
         slse[r] = lse == -INFINITY ? INFINITY : lse * FA_I_LOG2E_F;
@@ -3906,16 +3881,6 @@ static __device__ __forceinline__ void fa_i_bwd_row_facts_at(
         slo[r] = lo;
         shi[r] = hi;
     }
-}
-
-/* The same for query head h of batch b of a dense problem. */
-static __device__ __forceinline__ void fa_i_bwd_row_facts(
-    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, float *slse, float *sdsum,
-    int *slo, int *shi, int bm, int tid, int nthreads)
-{
-    const int64_t row_base = ((int64_t)b * p->heads_q + h) * p->seqlen_q;
-    fa_i_bwd_row_facts_at(p, p->lse, a->dsum, row_base, r0, slse, sdsum, slo, shi, bm, tid,
-                          nthreads);
 }
 
 /* Loads one step of the backward's query side: Q, dO (async) and, per row,
@@ -4431,38 +4396,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_dq)(float *acc, u
 }
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
-/* The CTA's problem: p, or with varlen its sequence's (lengths and
-   bottom-right positions, dK and dV from its first key) in *v; *maps the
-   tensor maps its rows are in (batch coordinate 0 with varlen). Looked up
-   where used, not held in registers over the kernel. */
-static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_view)(
-    const fa_params *p, const fa_i_fa3_bwd_args *args, fa_params *v, const fa_i_fa3_bwd_args **maps)
-{
-    const int64_t es = 2; /* 16-bit gradients */
-    *v = *p;
-    *maps = args;
-    if (args->seqs) {
-        const int s = args->key_blocks[blockIdx.x].x;
-        const fa_i_fa3_seq *e = args->seqs + s;
-        v->seqlen_q = e->nq;
-        v->seqlen_k = e->nk;
-        fa_i_bottom_right(v);
-        v->dk = (char *)v->dk + e->k0 * v->dk_layout.seq * es;
-        v->dv = (char *)v->dv + e->k0 * v->dv_layout.seq * es;
-        *maps = args->seq_maps + s;
-    }
-}
-
-/* The LSE and D rows of query head h (of batch b where dense). */
-static __device__ __forceinline__ int64_t FA_I_KNAME(fa_i_fa3_bwd_rows_at)(
-    const fa_params *p, const fa_i_fa3_bwd_args *args, int b, int h)
-{
-    return args->seqs ? (int64_t)h * args->total_q + args->seqs[args->key_blocks[blockIdx.x].x].q0
-                      : ((int64_t)b * p->heads_q + h) * p->seqlen_q;
-}
-
 static __global__ void __launch_bounds__(256, 1)
-    FA_I_KNAME(fa_i_bwd_fa3)(const fa_params params, const __grid_constant__ fa_i_fa3_bwd_args args)
+    FA_I_KNAME(fa_i_bwd_fa3)(const fa_params p, const __grid_constant__ fa_i_fa3_bwd_args args)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
@@ -4488,21 +4423,15 @@ static __global__ void __launch_bounds__(256, 1)
     const uint32_t kv_full = fa_i_smem_addr(bars), rows_full = kv_full + 8;
     const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
     const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_PARTS * DQ_BYTES; /* this warpgroup's */
-    /* the CTA's keys: block x of its sequence (varlen) or of batch z */
-    const int c0 = args.seqs ? args.key_blocks[blockIdx.x].y : blockIdx.x * BN, hk = blockIdx.y;
-    const int b = args.seqs ? 0 : blockIdx.z;
-    const int group = params.heads_q / params.heads_kv;
-    const int q_blocks = args.seqs ? args.acc_blocks : fa_i_dq_blocks(&params);
-    fa_params p; /* the CTA's problem (varlen: its sequence's), where it is used */
-    const fa_i_fa3_bwd_args *maps;
+    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+    const int group = p.heads_q / p.heads_kv, q_blocks = fa_i_dq_blocks(&p);
     const int keys_w = SHARED_KEYS ? 0 : 64 * w, cols_w = SHARED_KEYS ? DW * w : 0;
     const int key0 = keys_w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
-    const float log2_scale = params.softcap > 0.0f ? 1.0f : params.scale * FA_I_LOG2E_F;
+    const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     float dk[DW / 2], dv[DW / 2];
     int first, last, blocks, steps, step, i, h_at, r_at;
     int sh = 0, sb = 0; /* this step's head of the group and block */
 
-    FA_I_KNAME(fa_i_fa3_bwd_view)(&params, &args, &p, &maps);
     fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
     steps = group * blocks; /* (query head, query block) pairs, in order */
@@ -4510,13 +4439,6 @@ static __global__ void __launch_bounds__(256, 1)
 #define FA_I_STEP_AT(ahead) \
     fa_i_bwd_step(sh, sb, ahead, blocks, hk * group, first / BM, BM, &h_at, &r_at)
 #define FA_I_FA3_COL(i) (8 * ((i) >> 2) + 2 * (lane & 3) + ((i) & 1))
-/* the row facts of (head h, first row r0) into buffer i, p the view */
-#define FA_I_BWD_FA3_ROW_FACTS(h, r0, i, tid, nthreads)                                           \
-    {                                                                                              \
-        const int64_t at = FA_I_KNAME(fa_i_fa3_bwd_rows_at)(&p, &args, b, h);                      \
-        fa_i_bwd_row_facts_at(&p, params.lse, args.a.dsum, at, r0, slse[i], sdsum[i], slo[i],       \
-                              shi[i], BM, tid, nthreads);                                          \
-    }
     if (tid == 0) {
         fa_i_mbar_init(kv_full, 1);
         for (i = 0; i < 2; ++i) {
@@ -4528,24 +4450,18 @@ static __global__ void __launch_bounds__(256, 1)
     __syncthreads();
     if (tid == 0 && steps > 0) {
         int c;
-        if (args.seqs) { /* maps the host copied into the workspace (see the forward's) */
-            fa_i_tma_map_acquire(&maps->q);
-            fa_i_tma_map_acquire(&maps->k);
-            fa_i_tma_map_acquire(&maps->v);
-            fa_i_tma_map_acquire(&maps->dout);
-        }
-        fa_i_tma_prefetch(&maps->q);
-        fa_i_tma_prefetch(&maps->dout);
+        fa_i_tma_prefetch(&args.q);
+        fa_i_tma_prefetch(&args.dout);
         fa_i_mbar_expect_tx(kv_full, 2 * KV_BYTES);
         for (c = 0; c < CHUNKS; ++c) {
-            fa_i_tma_load(sk + c * BN * 128, &maps->k, 64 * c, c0, hk, b, kv_full,
+            fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full,
                           FA_I_L2_EVICT_NORMAL);
-            fa_i_tma_load(sv + c * BN * 128, &maps->v, 64 * c, c0, hk, b, kv_full,
+            fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full,
                           FA_I_L2_EVICT_NORMAL);
         }
         for (i = 0; i < STAGES && i < steps; ++i) {
             FA_I_STEP_AT(i);
-            fa_i_fa3_bwd_load_rows(maps, sq + i * ROWS_BYTES, sdo + i * ROWS_BYTES,
+            fa_i_fa3_bwd_load_rows(&args, sq + i * ROWS_BYTES, sdo + i * ROWS_BYTES,
                                     rows_full + 8 * i, CHUNKS, r_at, h_at, b);
         }
     }
@@ -4553,7 +4469,8 @@ static __global__ void __launch_bounds__(256, 1)
        (whose readers are done with it) and are read after that of n - 1. */
     for (i = 0; i < 2 && i < steps; ++i) {
         FA_I_STEP_AT(i);
-        FA_I_BWD_FA3_ROW_FACTS(h_at, r_at, i, tid, 256);
+        fa_i_bwd_row_facts(&p, &args.a, b, h_at, r_at, slse[i], sdsum[i], slo[i],
+                                          shi[i], BM, tid, 256);
     }
 #pragma unroll
     for (i = 0; i < DW / 2; ++i) dk[i] = dv[i] = 0.0f;
@@ -4578,10 +4495,9 @@ static __global__ void __launch_bounds__(256, 1)
         FA_I_WGMMA_WAIT(1);
         fa_i_fence_f32(s, 32);
         /* P^T; softcap and mask in uniform branches around their own loops */
-        if (params.softcap > 0.0f)
+        if (p.softcap > 0.0f)
 #pragma unroll
-            for (i = 0; i < 32; ++i) s[i] = fa_i_score(&params, s[i]);
-        FA_I_KNAME(fa_i_fa3_bwd_view)(&params, &args, &p, &maps);
+            for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
         if (FA_I_TILE_MASKED(shi[rb][0], slo[rb][min(BM, p.seqlen_q - r0) - 1], c0 + keys_w,
                              c0 + keys_w + 64))
 #pragma unroll
@@ -4596,10 +4512,10 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_f32(dp, 32);
 #pragma unroll
         for (i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - dsum[FA_I_FA3_COL(i)]);
-        if (params.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
+        if (p.softcap > 0.0f) /* d(c tanh(x / c)) = (1 - tanh^2) dx, tanh from P */
 #pragma unroll
             for (i = 0; i < 32; ++i) {
-                const float th = fa_i_capped_tanh(&params, s[i], lse2[FA_I_FA3_COL(i)]);
+                const float th = fa_i_capped_tanh(&p, s[i], lse2[FA_I_FA3_COL(i)]);
                 dp[i] *= 1.0f - th * th;
             }
 #pragma unroll
@@ -4636,8 +4552,8 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_wgmma_commit();
             if (j == 0 && w == 1 && step + 2 < steps) { /* global loads under the dQ wgmma */
                 FA_I_STEP_AT(2);
-                FA_I_KNAME(fa_i_fa3_bwd_view)(&params, &args, &p, &maps);
-                FA_I_BWD_FA3_ROW_FACTS(h_at, r_at, rb, t, 128);
+                fa_i_bwd_row_facts(&p, &args.a, b, h_at, r_at, slse[rb], sdsum[rb],
+                                                  slo[rb], shi[rb], BM, t, 128);
             }
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(dq, 32);
@@ -4652,8 +4568,7 @@ static __global__ void __launch_bounds__(256, 1)
                 if (t == 0 && step + STAGES < steps && atomicAdd(&released[buf], 1) == 1) {
                     released[buf] = 0;
                     FA_I_STEP_AT(STAGES);
-                    FA_I_KNAME(fa_i_fa3_bwd_view)(&params, &args, &p, &maps);
-                    fa_i_fa3_bwd_load_rows(maps, sqt, sdot, rows_full + 8 * buf, CHUNKS, r_at,
+                    fa_i_fa3_bwd_load_rows(&args, sqt, sdot, rows_full + 8 * buf, CHUNKS, r_at,
                                             h_at, b);
                 }
             }
@@ -4668,10 +4583,8 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_proxy_async();
         fa_i_named_sync(1 + w, 128);
         if (t == 0) { /* d = 64: its keys' share of the block, else its columns */
-            const int acc0 = args.seqs ? args.seqs[args.key_blocks[blockIdx.x].x].acc0 : 0;
             fa_i_bulk_add_f32(args.a.dq_acc +
-                                  (((int64_t)b * params.heads_q + h) * q_blocks + acc0 + r0 / BM) *
-                                      BM * D +
+                                  (((int64_t)b * p.heads_q + h) * q_blocks + r0 / BM) * BM * D +
                                   (DQ_BY_KEYS ? 0 : w * DQ_PARTS * BM * 64),
                               sdq, DQ_PARTS * DQ_BYTES);
             fa_i_tma_store_commit();
@@ -4680,7 +4593,6 @@ static __global__ void __launch_bounds__(256, 1)
     }
 #undef FA_I_STEP_AT
     if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */
-    FA_I_KNAME(fa_i_fa3_bwd_view)(&params, &args, &p, &maps);
     {
         uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
         uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
@@ -4691,9 +4603,8 @@ static __global__ void __launch_bounds__(256, 1)
         }
     }
 #undef FA_I_FA3_COL
-#undef FA_I_BWD_FA3_ROW_FACTS
 #else
-    (void)params;
+    (void)p;
     (void)args;
 #endif
 }
@@ -5495,7 +5406,6 @@ static int fa_i_fa3_ready(const fa_params *p, const fa_i_kernel *k, const fa_i_d
 static int fa_i_fa3_bwd_ready(const fa_params *p, const fa_i_kernel *k,
                               const fa_i_device *dev, fa_i_fa3_bwd_args *args)
 {
-    memset(args, 0, sizeof *args);
     return fa_i_fa3_compiled(k->fn, k->smem, dev) &&
            fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->dtype, p->head_dim, p->seqlen_q,
                         p->heads_q, 64) &&
@@ -5786,7 +5696,7 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *params, cudaStre
         return fa_i_fail(FA_ERR_UNSUPPORTED, "this build has no fp8 quantize kernel for the device");
     }
     return fa_i_launch(kernel, dim3(fa_i_blocks(p.seqlen, FA_FP8_BLOCK), p.heads, p.batch),
-                       32 * fa_i_quant_warps(p.head_dim), 0, stream, &p, NULL);
+                       32 * FA_I_QUANT_WARPS, 0, stream, &p, NULL);
 }
 
 FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t stream)
@@ -5980,7 +5890,6 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     a.acc_d = k->head_dim;
-    a.acc_rows = NULL;
     /* fa_i_pre_lanes(acc_d) threads per (padded) dQ accumulator row */
     s = fa_i_launch((const void *)fa_i_bwd_preprocess,
                     dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(p, a.acc_d) / a.acc_d) *
@@ -6057,29 +5966,49 @@ static fa_status fa_i_varlen_no_keys(const fa_params *p, const fa_params *seq, i
 }
 
 #if FA_I_SM90
-/* A ragged batch in one launch of an FA3 kernel (DESIGN.md, ragged
+/* The varlen forward in one launch of the FA3 kernel (DESIGN.md, ragged
    batches): per sequence with queries and keys its tensor maps and entry,
-   and the kernel's work items in schedule order, staged on the stack and
-   copied into the workspace (the maps first, 64-byte aligned) in chunks.
-   Sequences go by the power of two of their work (nq nk), largest first,
-   so that the lightest items run last. */
-#define FA_I_VARLEN_SEQS 16    /* sequences staged per copy */
-#define FA_I_VARLEN_ITEMS 512  /* work items staged per copy */
+   and the tiles of them all in schedule order (sequence by sequence, each
+   sequence's heads in turn, so that tiles of equal cost run together),
+   staged on the stack and copied into the workspace (64-byte aligned: the
+   maps) in chunks; the sequences go by the power of two of their work (nq
+   nk), largest first, so that the shortest tiles run last. Taken where the longest sequence's
+   dense plan is the FA3 kernel's, outside stream capture (the copies are
+   from host memory); else *taken = 0 and the caller runs sequence by
+   sequence. */
+#define FA_I_VARLEN_SEQS 16   /* sequences staged per copy */
+#define FA_I_VARLEN_TILES 512 /* tiles staged per copy */
 typedef struct fa_i_varlen_stage {
-    union { /* the sequences' maps */
-        fa_i_tma_maps fwd[FA_I_VARLEN_SEQS];
-        fa_i_fa3_bwd_args bwd[FA_I_VARLEN_SEQS];
-    } maps;
+    fa_i_tma_maps maps[FA_I_VARLEN_SEQS];
     fa_i_fa3_seq seqs[FA_I_VARLEN_SEQS];
-    int2 items[FA_I_VARLEN_ITEMS];
-    int n_seqs, n_items;       /* staged */
-    int seqs_done, items_done; /* copied */
-    size_t map_bytes;          /* of one sequence's maps */
-    char *dev_maps;
+    int2 tiles[FA_I_VARLEN_TILES];
+    int n_seqs, n_tiles;       /* staged */
+    int seqs_done, tiles_done; /* copied */
+    fa_i_tma_maps *dev_maps;
     fa_i_fa3_seq *dev_seqs;
-    int2 *dev_items;
+    int2 *dev_tiles;
     cudaStream_t stream;
 } fa_i_varlen_stage;
+
+static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
+{
+    cudaError_t e = cudaSuccess;
+    if (st->n_seqs &&
+        ((e = cudaMemcpyAsync(st->dev_maps + st->seqs_done, st->maps,
+                              sizeof(fa_i_tma_maps) * st->n_seqs, cudaMemcpyHostToDevice,
+                              st->stream)) != cudaSuccess ||
+         (e = cudaMemcpyAsync(st->dev_seqs + st->seqs_done, st->seqs,
+                              sizeof(fa_i_fa3_seq) * st->n_seqs, cudaMemcpyHostToDevice,
+                              st->stream)) != cudaSuccess))
+        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
+    if (st->n_tiles &&
+        (e = cudaMemcpyAsync(st->dev_tiles + st->tiles_done, st->tiles, sizeof(int2) * st->n_tiles,
+                             cudaMemcpyHostToDevice, st->stream)) != cudaSuccess)
+        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
+    st->seqs_done += st->n_seqs, st->tiles_done += st->n_tiles;
+    st->n_seqs = st->n_tiles = 0;
+    return FA_OK;
+}
 
 /* The power of two of a sequence's work, or -1 where it has none. */
 static int fa_i_varlen_class(const fa_params *p, int b)
@@ -6090,86 +6019,6 @@ static int fa_i_varlen_class(const fa_params *p, int b)
     if (!nq || !nk) return -1;
     for (work = (int64_t)nq * nk; work > 1; work >>= 1) ++c;
     return c;
-}
-
-/* The workspace a one-launch call needs: the maps (map_bytes a sequence,
-   64-byte aligned), entries and items. */
-static size_t fa_i_varlen_bytes(int seqs, int64_t items, size_t map_bytes)
-{
-    return 64 + (map_bytes + sizeof(fa_i_fa3_seq)) * seqs + sizeof(int2) * (size_t)items;
-}
-
-/* The stage for a workspace laid out as fa_i_varlen_bytes says. */
-static void fa_i_varlen_layout(fa_i_varlen_stage *st, void *workspace, int seqs, size_t map_bytes,
-                               cudaStream_t stream)
-{
-    memset(st, 0, sizeof *st);
-    st->map_bytes = map_bytes, st->stream = stream;
-    st->dev_maps = (char *)(((uintptr_t)workspace + 63) & ~(uintptr_t)63);
-    st->dev_seqs = (fa_i_fa3_seq *)(st->dev_maps + map_bytes * seqs);
-    st->dev_items = (int2 *)(st->dev_seqs + seqs);
-}
-
-static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
-{
-    cudaError_t e = cudaSuccess;
-    if (st->n_seqs &&
-        ((e = cudaMemcpyAsync(st->dev_maps + st->map_bytes * st->seqs_done, &st->maps,
-                              st->map_bytes * st->n_seqs, cudaMemcpyHostToDevice, st->stream)) !=
-             cudaSuccess ||
-         (e = cudaMemcpyAsync(st->dev_seqs + st->seqs_done, st->seqs,
-                              sizeof(fa_i_fa3_seq) * st->n_seqs, cudaMemcpyHostToDevice,
-                              st->stream)) != cudaSuccess))
-        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
-    if (st->n_items &&
-        (e = cudaMemcpyAsync(st->dev_items + st->items_done, st->items, sizeof(int2) * st->n_items,
-                             cudaMemcpyHostToDevice, st->stream)) != cudaSuccess)
-        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
-    st->seqs_done += st->n_seqs, st->items_done += st->n_items;
-    st->n_seqs = st->n_items = 0;
-    return FA_OK;
-}
-
-/* Stages one work item of the sequence staged last. */
-static fa_status fa_i_varlen_item(fa_i_varlen_stage *st, int y)
-{
-    st->items[st->n_items].x = st->seqs_done + st->n_seqs;
-    st->items[st->n_items].y = y;
-    return ++st->n_items == FA_I_VARLEN_ITEMS ? fa_i_varlen_flush(st) : FA_OK;
-}
-
-/* The next sequence's entry staged (its maps are in place), sequence b of p. */
-static fa_status fa_i_varlen_next(fa_i_varlen_stage *st, const fa_params *p, int b, int acc0)
-{
-    fa_i_fa3_seq *e = &st->seqs[st->n_seqs];
-    memset(e, 0, sizeof *e);
-    fa_i_varlen_sequence(p, b, &e->nq, &e->nk);
-    e->q0 = p->cu_seqlens_q[b], e->k0 = p->cu_seqlens_k[b], e->acc0 = acc0;
-    return ++st->n_seqs == FA_I_VARLEN_SEQS ? fa_i_varlen_flush(st) : FA_OK;
-}
-
-/* Whether a one-launch varlen call may run: the stream is not capturing
-   (the copies are from host memory), the workspace holds `need` bytes and
-   overlaps no sequence's tensors. */
-static fa_status fa_i_varlen_may_run(const fa_params *p, fa_i_seq_call *call, size_t need,
-                                     int *may)
-{
-    cudaStreamCaptureStatus capture;
-    int b, nq, nk;
-    fa_status s;
-    *may = 0;
-    if (need > call->need) call->need = need;
-    if (!call->run || call->workspace_size < need ||
-        cudaStreamIsCapturing(call->stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone)
-        return FA_OK;
-    for (b = 0; b < p->batch; ++b) {
-        const fa_params seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-        if (nq && nk && (s = fa_i_check_aliasing(&seq, call->pass, call->workspace, need)) != FA_OK)
-            return s;
-    }
-    *may = 1;
-    return FA_OK;
 }
 
 /* The longest query sequence with keys (-1: none). */
@@ -6183,193 +6032,90 @@ static int fa_i_varlen_longest(const fa_params *p)
     return best;
 }
 
-/* The forward: tiles {sequence, head << 16 | query block}, sequence by
-   sequence, each head's blocks in the dense schedule's order. Taken where
-   the longest sequence's dense plan is the FA3 kernel's; else *taken = 0
-   and the caller runs sequence by sequence. */
-static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int total_q, int *taken)
+static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int total_q,
+                                 int *taken)
 {
     fa_i_forward_plan plan;
     fa_i_device dev;
     fa_i_varlen_stage st;
     fa_i_tma_maps maps;
     fa_params run;
+    cudaStreamCaptureStatus capture;
     const fa_i_kernel *k;
     int64_t tiles = 0;
     size_t need;
-    int nq, nk, b, c, h, r, seqs = 0, longest = fa_i_varlen_longest(p), may, most_blocks = 0;
+    char *at;
+    int nq, nk, b, c, h, seqs = 0;
     fa_status s;
+    const int longest = fa_i_varlen_longest(p);
     fa_params seq;
     *taken = 0;
     if (longest < 0) return FA_OK;
     seq = fa_i_varlen_sequence(p, longest, &nq, &nk);
-    if (nq <= FA_I_DECODE_MAX_Q || fa_i_plan_forward(&seq, (size_t)-1, &plan) != FA_OK ||
-        plan.algorithm != 3 || fa_i_device_facts(&dev) != cudaSuccess)
+    if (nq <= FA_I_DECODE_MAX_Q ||
+        fa_i_plan_forward(&seq, (size_t)-1, &plan) != FA_OK || plan.algorithm != 3 ||
+        fa_i_device_facts(&dev) != cudaSuccess)
         return FA_OK;
     k = plan.fa3;
     for (b = 0; b < p->batch; ++b) {
         fa_i_varlen_sequence(p, b, &nq, &nk);
         if (!nq || !nk) continue;
+        if (fa_i_blocks(nq, k->rows) > 0xffff) return FA_OK; /* a tile's block in 16 bits */
         ++seqs;
         tiles += (int64_t)fa_i_blocks(nq, k->rows) * p->heads_q;
-        most_blocks = max(most_blocks, fa_i_blocks(nq, k->rows));
     }
-    if (tiles > 0x7fffffff || most_blocks > 0xffff) return FA_OK; /* the items' fields */
-    need = fa_i_varlen_bytes(seqs, tiles, sizeof(fa_i_tma_maps));
-    if ((s = fa_i_varlen_may_run(p, call, need, &may)) != FA_OK || !may) return s;
-    fa_i_varlen_layout(&st, call->workspace, seqs, sizeof(fa_i_tma_maps), call->stream);
+    if (tiles > 0x7fffffff) return FA_OK;
+    need = 64 + (sizeof(fa_i_tma_maps) + sizeof(fa_i_fa3_seq)) * (size_t)seqs +
+           sizeof(int2) * (size_t)tiles;
+    if (need > call->need) call->need = need;
+    if (!call->run || call->workspace_size < need ||
+        cudaStreamIsCapturing(call->stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone)
+        return FA_OK;
+    for (b = 0; b < p->batch; ++b) {
+        seq = fa_i_varlen_sequence(p, b, &nq, &nk);
+        if (nq && nk &&
+            (s = fa_i_check_aliasing(&seq, FA_PASS_FORWARD, call->workspace, need)) != FA_OK)
+            return s;
+    }
+    memset(&st, 0, sizeof st);
+    at = (char *)(((uintptr_t)call->workspace + 63) & ~(uintptr_t)63);
+    st.dev_maps = (fa_i_tma_maps *)at;
+    st.dev_seqs = (fa_i_fa3_seq *)(st.dev_maps + seqs);
+    st.dev_tiles = (int2 *)(st.dev_seqs + seqs);
+    st.stream = call->stream;
     for (c = 62; c >= 0; --c)
         for (b = 0; b < p->batch; ++b) {
-            int blocks_m;
+            fa_i_fa3_seq *e = &st.seqs[st.n_seqs];
+            int r, blocks_m;
             if (fa_i_varlen_class(p, b) != c) continue;
             seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-            if (!fa_i_fa3_maps(&seq, k, &st.maps.fwd[st.n_seqs])) return FA_OK; /* by sequence */
+            if (!fa_i_fa3_maps(&seq, k, &st.maps[st.n_seqs]))
+                return FA_OK; /* sequence by sequence */
+            e->nq = nq, e->nk = nk, e->q0 = p->cu_seqlens_q[b], e->pad = 0;
             blocks_m = fa_i_blocks(nq, k->rows);
             for (h = 0; h < p->heads_q; ++h)
-                for (r = 0; r < blocks_m; ++r)
-                    if ((s = fa_i_varlen_item(&st, h << 16 | (!p->causal ? r : (r & 1) ? r >> 1
-                                                                      : blocks_m - 1 - (r >> 1)))) !=
-                        FA_OK)
+                for (r = 0; r < blocks_m; ++r) { /* within a head as the dense schedule runs them */
+                    st.tiles[st.n_tiles].x = st.seqs_done + st.n_seqs;
+                    st.tiles[st.n_tiles].y =
+                        (int)((uint32_t)h << 16 |
+                              (uint32_t)(!p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1)));
+                    if (++st.n_tiles == FA_I_VARLEN_TILES && (s = fa_i_varlen_flush(&st)) != FA_OK)
                         return s;
-            if ((s = fa_i_varlen_next(&st, p, b, 0)) != FA_OK) return s;
+                }
+            if (++st.n_seqs == FA_I_VARLEN_SEQS && (s = fa_i_varlen_flush(&st)) != FA_OK) return s;
         }
     if ((s = fa_i_varlen_flush(&st)) != FA_OK) return s;
     run = plan.p; /* the kernel's params: the longest sequence's, but the varlen LSE */
     run.lse = p->lse;
     memset(&maps, 0, sizeof maps);
-    maps.seq_maps = (const fa_i_tma_maps *)st.dev_maps, maps.seqs = st.dev_seqs;
-    maps.tiles = st.dev_items, maps.num_tiles = (int)tiles, maps.total_q = total_q;
+    maps.seq_maps = st.dev_maps, maps.seqs = st.dev_seqs, maps.tiles = st.dev_tiles;
+    maps.num_tiles = (int)tiles, maps.total_q = total_q;
     *taken = 1;
-    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(tiles, &dev)), k->threads, k->smem, call->stream,
-                       &run, &maps);
-}
-
-/* The backward (atomic mode, gradients straight to the caller's tensors):
-   D by the preprocess over the packed rows as one sequence ([Hq, total_q],
-   as the LSE), the dQ accumulator zeroed, then the kernel over every
-   sequence's key blocks (items {sequence, first key}, grid x) and each kv
-   head (grid y), then the postprocess. The accumulator holds each head's
-   sequences one after another, each from a multiple of 128 rows (so a
-   64-row block is one sequence's, in the MMA order fa_i_bwd_postprocess
-   reads), with acc_rows (more items) mapping its blocks back. */
-static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, int total_q,
-                                     int *taken)
-{
-    fa_i_backward_plan plan;
-    fa_i_device dev;
-    fa_i_varlen_stage st;
-    fa_i_fa3_bwd_args args;
-    fa_params run, rows;
-    const fa_i_kernel *k;
-    int64_t key_blocks = 0, acc_blocks = 0;
-    size_t dsum_bytes, acc_bytes, need;
-    int nq, nk, b, c, r, seqs = 0, acc0 = 0, longest = fa_i_varlen_longest(p), may;
-    fa_status s;
-    fa_params seq;
-    *taken = 0;
-    if (longest < 0 || call->deterministic || p->accumulate_grads || p->grads_f32) return FA_OK;
-    seq = fa_i_varlen_sequence(p, longest, &nq, &nk);
-    if (fa_i_plan_backward(&seq, 0, &plan) != FA_OK || plan.algorithm != 3 ||
-        fa_i_device_facts(&dev) != cudaSuccess)
-        return FA_OK;
-    k = &plan.k->fa3_bwd;
-    for (b = 0; b < p->batch; ++b) {
-        fa_i_varlen_sequence(p, b, &nq, &nk);
-        if (!nq || !nk) continue;
-        ++seqs;
-        key_blocks += fa_i_blocks(nk, k->keys);
-        acc_blocks += (nq + 127) / 128 * 2;
-    }
-    if (key_blocks > 0x7fffffff || acc_blocks * 64 > 0x7fffffff) return FA_OK;
-    dsum_bytes = fa_i_round4((size_t)p->heads_q * total_q) * sizeof(float);
-    acc_bytes = (size_t)p->heads_q * acc_blocks * 64 * plan.k->head_dim * sizeof(float);
-    need = dsum_bytes + acc_bytes +
-           fa_i_varlen_bytes(seqs, key_blocks + acc_blocks, sizeof(fa_i_fa3_bwd_args));
-    if ((s = fa_i_varlen_may_run(p, call, need, &may)) != FA_OK || !may) return s;
-    memset(&args, 0, sizeof args);
-    args.a.dsum = (float *)call->workspace;
-    args.a.dq_acc = (float *)((char *)call->workspace + dsum_bytes);
-    args.a.acc_d = plan.k->head_dim;
-    fa_i_varlen_layout(&st, (char *)call->workspace + dsum_bytes + acc_bytes, seqs,
-                       sizeof(fa_i_fa3_bwd_args), call->stream);
-    for (c = 62; c >= 0; --c) /* the key blocks */
-        for (b = 0; b < p->batch; ++b) {
-            if (fa_i_varlen_class(p, b) != c) continue;
-            seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-            if (!fa_i_fa3_bwd_ready(&seq, k, &dev, &st.maps.bwd[st.n_seqs])) return FA_OK;
-            for (r = 0; r < nk; r += k->keys)
-                if ((s = fa_i_varlen_item(&st, r)) != FA_OK) return s;
-            if ((s = fa_i_varlen_next(&st, p, b, acc0)) != FA_OK) return s;
-            acc0 += (nq + 127) / 128 * 2;
-        }
-    for (c = 62; c >= 0; --c) /* then the accumulator's blocks, in the same order */
-        for (b = 0; b < p->batch; ++b) {
-            if (fa_i_varlen_class(p, b) != c) continue;
-            fa_i_varlen_sequence(p, b, &nq, &nk);
-            for (r = 0; r < (nq + 127) / 128 * 128; r += 64) {
-                st.items[st.n_items].x = p->cu_seqlens_q[b] + r;
-                st.items[st.n_items].y = nq - r;
-                if (++st.n_items == FA_I_VARLEN_ITEMS && (s = fa_i_varlen_flush(&st)) != FA_OK)
-                    return s;
-            }
-        }
-    if ((s = fa_i_varlen_flush(&st)) != FA_OK) return s;
-    *taken = 1;
-    /* D over the packed rows: one sequence of total_q rows, no accumulator */
-    rows = plan.p;
-    rows.batch = 1, rows.seqlen_q = total_q;
-    rows.o = p->o, rows.o_layout = p->o_layout, rows.dout = p->dout, rows.dout_layout = p->dout_layout;
-    args.a.dq_acc = NULL;
-    s = fa_i_launch((const void *)fa_i_bwd_preprocess,
-                    dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(&rows, args.a.acc_d) /
-                                               args.a.acc_d) *
-                                         fa_i_pre_lanes(args.a.acc_d),
-                                     256)),
-                    256, 0, call->stream, &rows, &args.a);
-    args.a.dq_acc = (float *)((char *)call->workspace + dsum_bytes);
-    if (s == FA_OK && cudaMemsetAsync(args.a.dq_acc, 0, acc_bytes, call->stream) != cudaSuccess)
-        s = fa_i_cuda_error(cudaGetLastError(), "cudaMemsetAsync of the dQ accumulator");
-    /* the kernel's params: the longest sequence's, with the packed LSE, dK, dV */
-    run = plan.p;
-    run.lse = p->lse, run.dk = p->dk, run.dv = p->dv;
-    args.seq_maps = (const fa_i_fa3_bwd_args *)st.dev_maps, args.seqs = st.dev_seqs;
-    args.key_blocks = st.dev_items, args.acc_blocks = (int)acc_blocks, args.total_q = total_q;
-    if (s == FA_OK)
-        s = fa_i_launch(k->fn, dim3((unsigned)key_blocks, p->heads_kv, 1), k->threads, k->smem,
-                        call->stream, &run, &args);
-    /* dQ: the accumulator as one sequence of acc_blocks 64-row blocks a head */
-    rows.seqlen_q = (int)(acc_blocks * 64);
-    rows.dq = p->dq, rows.dq_layout = p->dq_layout;
-    args.a.acc_rows = st.dev_items + key_blocks;
-    if (s == FA_OK)
-        s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                        dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(&rows, args.a.acc_d) / 16, 256)),
-                        256, 0, call->stream, &rows, &args.a);
-    return s;
+    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(tiles, &dev)), k->threads, k->smem,
+                       call->stream, &run, &maps);
 }
 #endif
-
-/* The gradients no kernel writes for sequence b: dQ where it sees no key,
-   dK and dV of the keys past seqused_k (or of all, without queries);
-   nothing when accumulating. */
-static fa_status fa_i_varlen_unseen_grads(const fa_params *p, int b, cudaStream_t stream)
-{
-    int nq, nk;
-    const fa_params seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-    const int span_k = p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b], seen = nq && nk ? nk : 0;
-    const fa_dtype gt = fa_i_grad_dtype(p);
-    const int64_t ges = (int64_t)fa_dtype_size(gt);
-    fa_status s = FA_OK;
-    if (p->accumulate_grads) return FA_OK;
-    if (!seen) s = fa_i_fill(seq.dq, &p->dq_layout, nq, p->heads_q, p->head_dim, gt, 0.0f, stream);
-    if (s == FA_OK)
-        s = fa_i_fill((char *)seq.dk + seen * p->dk_layout.seq * ges, &p->dk_layout, span_k - seen,
-                      p->heads_kv, p->head_dim, gt, 0.0f, stream);
-    if (s == FA_OK)
-        s = fa_i_fill((char *)seq.dv + seen * p->dv_layout.seq * ges, &p->dv_layout, span_k - seen,
-                      p->heads_kv, p->head_dim_v, gt, 0.0f, stream);
-    return s;
-}
 
 static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
 {
@@ -6425,16 +6171,13 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     call->need = lse_bytes + inner;
     lse_l.batch = 0, lse_l.head = total_q, lse_l.seq = 1; /* [Hq, total_q] */
 #if FA_I_SM90
-    {
+    if (!bwd) {
         int taken;
-        s = bwd ? fa_i_varlen_fa3_bwd(&p, call, total_q, &taken)
-                : fa_i_varlen_fa3(&p, call, total_q, &taken);
-        if (s != FA_OK) return s;
+        if ((s = fa_i_varlen_fa3(&p, call, total_q, &taken)) != FA_OK) return s;
         for (b = 0; taken && b < p.batch && s == FA_OK; ++b) {
             int nq, nk;
             fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
-            if (bwd) s = fa_i_varlen_unseen_grads(&p, b, call->stream);
-            else if (nq && !nk)
+            if (nq && !nk)
                 s = fa_i_varlen_no_keys(&p, &seq, p.cu_seqlens_q[b], &lse_l, call->stream);
         }
         if (taken) return s;
@@ -6444,7 +6187,10 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     for (b = 0; b < p.batch && s == FA_OK; ++b) {
         int nq, nk;
         fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
-        const int q0 = p.cu_seqlens_q[b];
+        const int q0 = p.cu_seqlens_q[b], span_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+        const int seen = nq && nk ? nk : 0; /* keys some row sees */
+        const fa_dtype gt = fa_i_grad_dtype(&p);
+        const int64_t ges = (int64_t)fa_dtype_size(gt);
         seq.lse = lse_tmp;
         if (!bwd) {
             if (!nq) continue;
@@ -6458,12 +6204,20 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
                 s = fa_i_copy_rows(p.lse + q0, total_q, lse_tmp, nq, nq, p.heads_q, call->stream);
             continue;
         }
-        if (nq && nk) {
+        if (seen) {
             s = fa_i_copy_rows(lse_tmp, nq, p.lse + q0, total_q, nq, p.heads_q, call->stream);
             if (s == FA_OK)
                 s = fa_cuda_backward(&seq, call->deterministic, inner_ws, avail, call->stream);
+        } else if (!p.accumulate_grads) {
+            s = fa_i_fill(seq.dq, &p.dq_layout, nq, p.heads_q, p.head_dim, gt, 0.0f, call->stream);
         }
-        if (s == FA_OK) s = fa_i_varlen_unseen_grads(&p, b, call->stream);
+        if (s == FA_OK && !p.accumulate_grads) { /* keys past seqused_k, or all of them */
+            s = fa_i_fill((char *)seq.dk + seen * p.dk_layout.seq * ges, &p.dk_layout, span_k - seen,
+                          p.heads_kv, p.head_dim, gt, 0.0f, call->stream);
+            if (s == FA_OK)
+                s = fa_i_fill((char *)seq.dv + seen * p.dv_layout.seq * ges, &p.dv_layout,
+                              span_k - seen, p.heads_kv, p.head_dim_v, gt, 0.0f, call->stream);
+        }
     }
     return s;
 }

@@ -3550,6 +3550,27 @@ static __device__ __forceinline__ void fa_i_quant_store(const fa_quantize_params
 /* whether the warps' rows end before their it-th (or the lanes hold fewer) */
 #define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * FA_I_QUANT_WARPS * rw >= r1)
 
+/* Stores each row the lane holds (params: the call's), word i of its
+   codes (four codes) being `word` (it: the row's index among the lane's,
+   i: the word's). */
+#define FA_I_QUANT_STORE_ROWS(params, word)                                                   \
+    _Pragma("unroll") for (it = 0; it < FA_I_QUANT_ITERS; ++it) {                             \
+        const int r = FA_I_QUANT_ROW(it);                                                     \
+        uint32_t w[FA_I_QUANT_RUN / 4];                                                       \
+        if (FA_I_QUANT_DONE(it)) break;                                                       \
+        if (!FA_I_QUANT_MINE(it)) continue;                                                   \
+        _Pragma("unroll") for (i = 0; i < FA_I_QUANT_RUN / 4; ++i) w[i] = (word);             \
+        fa_i_quant_store(params, b, h, r, j * e, n, w);                                       \
+    }
+
+/* Four codes from two 16-bit pairs times inv. */
+static __device__ __forceinline__ uint32_t fa_i_quant_pack_pairs(uint32_t a, uint32_t c, int bf16,
+                                                                 float inv)
+{
+    const float2 x = fa_i_unpack2(a, bf16), y = fa_i_unpack2(c, bf16);
+    return fa_i_pack_e4m3(x.x * inv, x.y * inv, y.x * inv, y.y * inv);
+}
+
 /* One block of rows (the CTA's), each lane holding `iters` rows. */
 static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_params *pp, int iters)
 {
@@ -3587,18 +3608,8 @@ static __device__ __forceinline__ void fa_i_quantize_block(const fa_quantize_par
         for (i = 0; i < FA_I_QUANT_RUN; ++i) amax = fmaxf(amax, fabsf(v[it][i]));
     }
     inv = fa_i_quant_scale(&p, amax, part);
-#pragma unroll
-    for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
-        const int r = FA_I_QUANT_ROW(it);
-        uint32_t w[FA_I_QUANT_RUN / 4];
-        if (FA_I_QUANT_DONE(it)) break;
-        if (!FA_I_QUANT_MINE(it)) continue;
-#pragma unroll
-        for (i = 0; i < FA_I_QUANT_RUN; i += 4)
-            w[i / 4] = fa_i_pack_e4m3(v[it][i] * inv, v[it][i + 1] * inv, v[it][i + 2] * inv,
-                                      v[it][i + 3] * inv);
-        fa_i_quant_store(&p, b, h, r, j * e, n, w);
-    }
+    FA_I_QUANT_STORE_ROWS(&p, fa_i_pack_e4m3(v[it][4 * i] * inv, v[it][4 * i + 1] * inv,
+                                             v[it][4 * i + 2] * inv, v[it][4 * i + 3] * inv));
 }
 
 /* The same for 16-bit rows without the rotation: a lane keeps its run as
@@ -3647,24 +3658,12 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
         }
     }
     inv = fa_i_quant_scale(&p, amax, part);
-#pragma unroll
-    for (it = 0; it < FA_I_QUANT_ITERS; ++it) {
-        const int r = FA_I_QUANT_ROW(it);
-        uint32_t w[FA_I_QUANT_RUN / 4];
-        if (FA_I_QUANT_DONE(it)) break;
-        if (!FA_I_QUANT_MINE(it)) continue;
-#pragma unroll
-        for (i = 0; i < FA_I_QUANT_RUN / 4; ++i) {
-            const float2 x = fa_i_unpack2(u[it][2 * i], bf16);
-            const float2 y = fa_i_unpack2(u[it][2 * i + 1], bf16);
-            w[i] = fa_i_pack_e4m3(x.x * inv, x.y * inv, y.x * inv, y.y * inv);
-        }
-        fa_i_quant_store(&p, b, h, r, j * e, n, w);
-    }
+    FA_I_QUANT_STORE_ROWS(&p, fa_i_quant_pack_pairs(u[it][2 * i], u[it][2 * i + 1], bf16, inv));
 }
 #undef FA_I_QUANT_ROW
 #undef FA_I_QUANT_MINE
 #undef FA_I_QUANT_DONE
+#undef FA_I_QUANT_STORE_ROWS
 
 /* The quantize kernels: rows of d <= 128 fit one row a lane (at least 8
    rows a warp), longer rows take two; more CTAs an SM keep more loads in

@@ -1064,21 +1064,18 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
    wrapper whose N is B's rows; the first step overwrites acc. Used by the
    backward's S^T and dP^T. */
 #define FA_I_SM90_GEMM_NT(WGMMA, acc, a, a_rows, b, b_rows) \
-    FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, FA_I_D / 16, FA_I_D / 16, 128)
+    FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, FA_I_D / 16, 128)
 /* The same over `steps` steps of 32 bytes (k16 of 16-bit elements, k32 of
-   FP8) in tiles [chunks][rows][rb] of rows of rb bytes (fa_i_wgmma_desc_rows),
-   of which the first `live` are issued (warp-uniform): a head dim below the
-   tile's leaves zero columns in A past it, whose steps add nothing. */
-#define FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, steps, live, rb)                   \
+   FP8) in tiles [chunks][rows][rb] of rows of rb bytes (fa_i_wgmma_desc_rows). */
+#define FA_I_SM90_GEMM_K(WGMMA, acc, a, a_rows, b, b_rows, steps, rb)                         \
     do {                                                                                      \
         const uint64_t ad_ = fa_i_wgmma_desc_rows(a, rb), bd_ = fa_i_wgmma_desc_rows(b, rb);  \
         int k_;                                                                               \
         _Pragma("unroll") for (k_ = 0; k_ < (steps); ++k_) /* chunk k / (rb / 32) */          \
-            if (k_ < (live))                                                                  \
-                WGMMA(acc,                                                                    \
-                      fa_i_desc_add(ad_, (k_ / ((rb) / 32)) * (a_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
-                      fa_i_desc_add(bd_, (k_ / ((rb) / 32)) * (b_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
-                      k_ > 0);                                                                \
+            WGMMA(acc,                                                                        \
+                  fa_i_desc_add(ad_, (k_ / ((rb) / 32)) * (a_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
+                  fa_i_desc_add(bd_, (k_ / ((rb) / 32)) * (b_rows) * (rb) + (k_ % ((rb) / 32)) * 32), \
+                  k_ > 0);                                                                    \
     } while (0)
 
 /* Issues acc += A B over an inner dimension of kdim (one k16 step per
@@ -2112,7 +2109,7 @@ static_assert(!FA_I_FP8 || (FA_I_FA3_FORM == 0 && FA_FP8_BLOCK % 64 == 0 &&
 #define FA_I_FA3_QK_CHAIN(steps)                                                               \
     do {                                                                                      \
         fa_i_wgmma_fence();                                                                   \
-        FA_I_SM90_GEMM_K(FA_I_WGMMA_QK, s, sq, BM, sk, BN, steps, steps, FA_I_FA3_RB);         \
+        FA_I_SM90_GEMM_K(FA_I_WGMMA_QK, s, sq, BM, sk, BN, steps, FA_I_FA3_RB);                \
         fa_i_wgmma_commit();                                                                  \
     } while (0)
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_qk)(const fa_params *p, float *s,
@@ -5971,10 +5968,10 @@ static fa_status fa_i_varlen_no_keys(const fa_params *p, const fa_params *seq, i
    sequence's heads in turn, so that tiles of equal cost run together),
    staged on the stack and copied into the workspace (64-byte aligned: the
    maps) in chunks; the sequences go by the power of two of their work (nq
-   nk), largest first, so that the shortest tiles run last. Taken where the longest sequence's
-   dense plan is the FA3 kernel's, outside stream capture (the copies are
-   from host memory); else *taken = 0 and the caller runs sequence by
-   sequence. */
+   nk), largest first, so that the shortest tiles run last. Taken where the
+   longest sequence's dense plan is the FA3 kernel's, outside stream capture
+   (the copies are from host memory); else *taken = 0 and the caller runs
+   sequence by sequence. */
 #define FA_I_VARLEN_SEQS 16   /* sequences staged per copy */
 #define FA_I_VARLEN_TILES 512 /* tiles staged per copy */
 typedef struct fa_i_varlen_stage {

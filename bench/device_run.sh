@@ -61,15 +61,15 @@ fi
 if [ "$what" = varlen ]; then
     # the ragged-batch GPU tests, bench_varlen.py, then (shims staged) the
     # dense FA3 forward and backward and the FP8 quantizer beside main's
-    timeout 200 python3 tests/run_tests.py gpu_varlen gpu_graph gpu_fp8_quantize \
-        >"$out/test_varlen.log" 2>&1
+    timeout 240 python3 tests/run_tests.py gpu_varlen gpu_graph gpu_fp8_quantize gpu_bwd_shape \
+        gpu_bwd_causal >"$out/test_varlen.log" 2>&1
     grep -v "^PASS" "$out/test_varlen.log" | tail -40
     timeout 120 python3 bench/bench_varlen.py --out "$out" 2>&1 | tail -6
     if [ -f build/rev_main_d128.so ] && [ -f build/rev_vl_d128.so ]; then
         ab="main=build/rev_main_d128.so vl=build/rev_vl_d128.so"
         timeout 60 python3 bench/ab_gpu.py "128,8192,0;128,4096,1" $ab 2>&1 | tail -4
-        timeout 60 python3 bench/ab_gpu.py --bwd "128,8192,0;128,4096,1" $ab 2>&1 | tail -4
-        timeout 40 python3 bench/ab_quantize.py $ab 2>&1 | tail -5
+        timeout 80 python3 bench/ab_gpu.py --bwd "128,8192,0;128,2048,0;128,4096,1" $ab 2>&1 | tail -4
+        timeout 60 python3 bench/ab_quantize.py $ab 2>&1 | tail -9
     fi
 fi
 if [ "$what" = ring ]; then  # the ring example, a rank per GPU here (args: sequence lengths)

@@ -23,9 +23,9 @@
      backward  FA3 on Hopper at d = 64, 128, 256 (dQ by bulk reduce-add);
                FA2 elsewhere, and always in the deterministic mode (a
                separate dQ kernel, no atomics).
-     varlen    cu_seqlens in host memory. The forward on Hopper: the whole
-               batch in one launch of the FA3 kernel (a tensor map per
-               sequence, longest first). Otherwise, and the backward: each
+     varlen    cu_seqlens in host memory. On Hopper the whole batch in one
+               launch of the FA3 forward or (atomic mode) backward kernel:
+               tensor maps per sequence, the longest first. Otherwise each
                sequence as a dense problem of batch 1, in turn on the
                stream, the LSE rows moved by 2-D copies (>> host, at the end).
      paged     the block table copied into the workspace, k_new/v_new
@@ -54,7 +54,7 @@
            FA_I_PASS_FA3_FWD   per tile   fa_i_fwd_fa3_<dt>_d<d>_t<v> (dt e4m3: FP8, t0 only)
            FA_I_PASS_FA2_BWD_KV per tile  fa_i_bwd_kv_fa2[_dq]_<dt>_d<d>_s<kb>
            FA_I_PASS_FA2_BWD_Q            fa_i_bwd_q_fa2_<dt>_d<d>
-           FA_I_PASS_FA3_BWD              fa_i_bwd_fa3_<dt>_d<d>
+           FA_I_PASS_FA3_BWD  dense, varlen fa_i_bwd_fa3_<dt>_d<d>[_varlen]
 */
 
 /* >> api ====================================================================== */
@@ -577,6 +577,7 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa2_bwd_q;  /* the deterministic mode's dQ */
     fa_i_kernel fa3_fwd[2]; /* tile variants t0, t1 */
     fa_i_kernel fa3_bwd;
+    fa_i_kernel fa3_bwd_varlen; /* its instance for a ragged batch in one launch */
     fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
     fa_i_kernel decode_general; /* the same over a paged cache or a smaller head dim */
     int head_dim;           /* the tiles' (a problem's may be smaller: >> host) */
@@ -606,6 +607,8 @@ typedef struct fa_i_bwd_args {
     float *dq_acc; /* fp32 dQ (atomic mode), else NULL: [B, Hq, 64-row blocks][64 acc_d], tiled
                       as fa_i_bwd_postprocess says */
     int acc_d;     /* the kernels' head dim (the tile's, >= the problem's) */
+    const int2 *acc_rows; /* varlen: per 64-row block of a head's accumulator, its first packed
+                             query row and its rows (NULL: dense) */
 } fa_i_bwd_args;
 
 /* A staged gradient (accumulate_grads, grads_f32): the backward's kernels
@@ -619,12 +622,13 @@ typedef struct fa_i_grad_out {
 } fa_i_grad_out;
 
 #if FA_I_SM90
-/* A ragged batch in one launch of the FA3 forward (varlen): sequence s of
-   the schedule (the host orders them by their work, largest first). */
+/* A ragged batch in one launch of an FA3 kernel (varlen): sequence s of the
+   schedule (the host orders them by their work, largest first). */
 typedef struct fa_i_fa3_seq {
     int nq, nk; /* its queries, the keys it uses */
-    int q0;     /* its first row in the packed tensors */
-    int pad;
+    int q0, k0; /* its first rows in the packed tensors */
+    int acc0;   /* backward: its first 64-row block in each head's dQ accumulator */
+    int pad[3];
 } fa_i_fa3_seq;
 
 /* The FA3 forward's tensor maps {d, seq, head, batch}; each box is 64
@@ -642,10 +646,18 @@ typedef struct fa_i_tma_maps {
 } fa_i_tma_maps;
 
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
-   query rows or the tile's keys) and the shared ones. */
+   query rows or the tile's keys) and the shared ones. Varlen: per sequence
+   its own maps (batch 1, its rows only) and entry, per CTA column (grid x)
+   its {sequence, first key}, and the dQ accumulator's 64-row blocks per
+   head (every sequence's, each from a multiple of 128 rows); NULL and 0
+   for a dense problem. */
 typedef struct fa_i_fa3_bwd_args {
     CUtensorMap q, k, v, dout;
     fa_i_bwd_args a;
+    const struct fa_i_fa3_bwd_args *seq_maps;
+    const fa_i_fa3_seq *seqs;
+    const int2 *key_blocks;
+    int acc_blocks, total_q;
 } fa_i_fa3_bwd_args;
 #endif
 #endif /* >> types */
@@ -3425,17 +3437,27 @@ static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
 #endif /* >> combine */
 
 /* >> quantize =================================================================
-   fa_cuda_quantize_fp8, block scaling: one CTA of FA_I_QUANT_WARPS warps per
-   block of FA_FP8_BLOCK rows of a head, in one pass: each lane holds a run of
-   e = min(d, 32) elements of a row (lr = d / e lanes a row, 32 / lr rows a
-   warp at a time) in registers from its load to its store, while the CTA
-   finds the block's amax. The Hadamard rotation makes the CPU's butterflies
-   in the CPU's order (fa_i_quantize_row: spans below e inside a lane, then
-   across lanes), so both give the same bits. */
+   fa_cuda_quantize_fp8, block scaling: one CTA per block of FA_FP8_BLOCK
+   rows of a head, in one pass: each lane holds a run of e = min(d, 32)
+   elements of a row (lr = d / e lanes a row, 32 / lr rows a warp at a time)
+   in registers from its load to its store, while the CTA finds the block's
+   amax. The CTA has the warps that hold the block at once, at most
+   FA_I_QUANT_WARPS (fa_i_quant_warps: fewer below d = 128, so none idles).
+   The Hadamard rotation makes the CPU's butterflies in the CPU's order
+   (fa_i_quantize_row: spans below e inside a lane, then across lanes), so
+   both give the same bits. */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_QUANT_WARPS 16
 #define FA_I_QUANT_RUN 32  /* most elements a lane holds of a row */
 #define FA_I_QUANT_ITERS 2 /* most rows a lane holds: d = 256, 4 rows a warp */
+
+/* The CTA's warps for head dim d. */
+static int fa_i_quant_warps(int d)
+{
+    const int e = d < FA_I_QUANT_RUN ? d : FA_I_QUANT_RUN, rows_per_warp = 32 / ((d + e - 1) / e);
+    const int w = (FA_FP8_BLOCK + rows_per_warp - 1) / rows_per_warp;
+    return w < FA_I_QUANT_WARPS ? w : FA_I_QUANT_WARPS;
+}
 
 /* The run of n elements at x[at ...] (16-byte vectors where aligned). */
 static __device__ __forceinline__ void fa_i_quant_load(const fa_quantize_params *p, int64_t at,
@@ -3514,7 +3536,7 @@ static __device__ __forceinline__ float fa_i_quant_scale(const fa_quantize_param
     for (i = 16; i > 0; i >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, i));
     if (lane == 0) part[warp] = amax;
     __syncthreads();
-    for (i = 0; i < FA_I_QUANT_WARPS; ++i) amax = fmaxf(amax, part[i]);
+    for (i = 0; i < (int)(blockDim.x >> 5); ++i) amax = fmaxf(amax, part[i]);
     descale = fa_i_fp8_descale(amax, p->pow2_descale);
     if (threadIdx.x == 0)
         p->descale[((int64_t)blockIdx.z * p->heads + blockIdx.y) *
@@ -3542,10 +3564,10 @@ static __device__ __forceinline__ void fa_i_quant_store(const fa_quantize_params
 
 /* A lane's rows: the it-th of its warp's (rw rows a warp, lr lanes a row),
    whether the lane holds one there, and whether the rows end first. */
-#define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_WARPS + warp) * rw + lane / lr)
+#define FA_I_QUANT_ROW(it) (r0 + ((it) * (int)(blockDim.x >> 5) + warp) * rw + lane / lr)
 #define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
 /* whether the warps' rows end before their it-th (or the lanes hold fewer) */
-#define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * FA_I_QUANT_WARPS * rw >= r1)
+#define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * (int)(blockDim.x >> 5) * rw >= r1)
 
 /* Stores each row the lane holds (params: the call's), word i of its
    codes (four codes) being `word` (it: the row's index among the lane's,
@@ -3735,15 +3757,17 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
     } while (0)
 
 /* A backward kernel's epilogue: dK (times the softmax scale) and dV of one
-   key at columns col, col + 1 into gdk, gdv, unless the key is past the end
-   or the columns past the head dim (FA_I_PACK: the kernel's dtype). */
-#define FA_I_STORE_DK_DV(key, col, dk0, dk1, dv0, dv1)                                             \
-    if ((key) < p.seqlen_k) {                                                                       \
-        if ((col) < p.head_dim)                                                                     \
-            *(uint32_t *)(gdk + (int64_t)(key) * p.dk_layout.seq + (col)) =                         \
-                FA_I_PACK((dk0) * p.scale, (dk1) * p.scale);                                        \
-        if ((col) < p.head_dim_v)                                                                   \
-            *(uint32_t *)(gdv + (int64_t)(key) * p.dv_layout.seq + (col)) = FA_I_PACK((dv0), (dv1)); \
+   key of problem P at columns col, col + 1 into gdk, gdv, unless the key is
+   past the end or the columns past the head dim (FA_I_PACK: the kernel's
+   dtype). */
+#define FA_I_STORE_DK_DV(P, key, col, dk0, dk1, dv0, dv1)                                   \
+    if ((key) < (P).seqlen_k) {                                                             \
+        if ((col) < (P).head_dim)                                                           \
+            *(uint32_t *)(gdk + (int64_t)(key) * (P).dk_layout.seq + (col)) =               \
+                FA_I_PACK((dk0) * (P).scale, (dk1) * (P).scale);                            \
+        if ((col) < (P).head_dim_v)                                                         \
+            *(uint32_t *)(gdv + (int64_t)(key) * (P).dv_layout.seq + (col)) =               \
+                FA_I_PACK((dv0), (dv1));                                                    \
     }
 
 /* Lanes per query row in the preprocess: the power of two that covers d with
@@ -3795,7 +3819,7 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
    columns 8 j ... 8 j + 7 of rows r and r + 8, r = 16 (m / 8) + m % 8
    (pairs of (r, r + 8) from each of four neighbouring threads).
    Neighbouring x take neighbouring chunks of a row, so a warp's stores
-   cover whole rows. */
+   cover whole rows. Varlen: a block's rows are where a.acc_rows says. */
 static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3804,18 +3828,22 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
     const int j = x % (d / 8), m = x / (d / 8);
     const int64_t block = t / (4 * d), bh = block / blocks;
     const float4 *src = (const float4 *)(a.dq_acc + block * 64 * d + 512 * j + 16 * m);
-    const int r = (int)(block % blocks) * 64 + 16 * (m >> 3) + (m & 7);
+    const int r = 16 * (m >> 3) + (m & 7); /* in the block */
+    int first = (int)(block % blocks) * 64, rows = p.seqlen_q - first, i;
     float f[16];
-    int i;
     if (block >= (int64_t)p.batch * p.heads_q * blocks) return;
+    if (a.acc_rows) {
+        const int2 e = a.acc_rows[block % blocks];
+        first = e.x, rows = e.y;
+    }
     for (i = 0; i < 4; ++i) {
         const float4 v = src[i];
         f[2 * i] = v.x, f[2 * i + 1] = v.y, f[8 + 2 * i] = v.z, f[8 + 2 * i + 1] = v.w;
     }
-    for (i = 0; i < 2 && r + 8 * i < p.seqlen_q && 8 * j < p.head_dim; ++i)
+    for (i = 0; i < 2 && r + 8 * i < rows && 8 * j < p.head_dim; ++i)
         fa_i_store8((uint16_t *)p.dq +
                         fa_i_dev_offset(&p.dq_layout, (int)(bh / p.heads_q), (int)(bh % p.heads_q),
-                                        r + 8 * i) +
+                                        first + r + 8 * i) +
                         8 * j,
                     f + 8 * i, p.scale, bf16);
 }
@@ -3856,20 +3884,20 @@ static __global__ void fa_i_bwd_grads_out(const fa_params p, fa_i_grad_out a)
 }
 #endif /* FA_I_HOST */
 
-/* Per query row r0 + r (r < bm): the base-2 LSE, D and the key range. */
-static __device__ __forceinline__ void fa_i_bwd_row_facts(
-    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, float *slse, float *sdsum,
-    int *slo, int *shi, int bm, int tid, int nthreads)
+/* Per query row r0 + r (r < bm): the base-2 LSE, D and the key range (the
+   rows' LSE at lse[row_base ...], their D at dsum[row_base ...]). */
+static __device__ __forceinline__ void fa_i_bwd_row_facts_at(
+    const fa_params *p, const float *lse_all, const float *dsum_all, int64_t row_base, int r0,
+    float *slse, float *sdsum, int *slo, int *shi, int bm, int tid, int nthreads)
 {
-    const int64_t row_base = ((int64_t)b * p->heads_q + h) * p->seqlen_q;
     int r;
     for (r = tid; r < bm; r += nthreads) {
         int lo = 0, hi = 0;
         float lse = -INFINITY, dsum = 0.0f;
         if (r0 + r < p->seqlen_q) {
             fa_i_key_range(p, r0 + r, &lo, &hi);
-            lse = p->lse[row_base + r0 + r];
-            dsum = a->dsum[row_base + r0 + r];
+            lse = lse_all[row_base + r0 + r];
+            dsum = dsum_all[row_base + r0 + r];
         }
         /* LSE = -inf marks an empty row; +inf makes its P = 2^(s - inf) = 0. */
         slse[r] = lse == -INFINITY ? INFINITY : lse * FA_I_LOG2E_F;
@@ -3877,6 +3905,16 @@ static __device__ __forceinline__ void fa_i_bwd_row_facts(
         slo[r] = lo;
         shi[r] = hi;
     }
+}
+
+/* The same for query head h of batch b of a dense problem. */
+static __device__ __forceinline__ void fa_i_bwd_row_facts(
+    const fa_params *p, const fa_i_bwd_args *a, int b, int h, int r0, float *slse, float *sdsum,
+    int *slo, int *shi, int bm, int tid, int nthreads)
+{
+    const int64_t row_base = ((int64_t)b * p->heads_q + h) * p->seqlen_q;
+    fa_i_bwd_row_facts_at(p, p->lse, a->dsum, row_base, r0, slse, sdsum, slo, shi, bm, tid,
+                          nthreads);
 }
 
 /* Loads one step of the backward's query side: Q, dO (async) and, per row,
@@ -4361,6 +4399,7 @@ static_assert((FA_I_FA3B(KEYS) == 128 && FA_I_D <= 128) || (FA_I_FA3B(KEYS) == 6
 #endif
 #define FA_I_WGMMA_DQ FA_I_CAT(FA_I_CAT(fa_i_wgmma_sst_, FA_I_DT), _n64)
 
+#if !FA_I_BWD_VARLEN /* helpers both instances use, made by the first */
 /* Issues acc = A B^T over d: A the 64 rows at a of a [d / 64][a_rows][64]
    tile, B a [d / 64][64][64] tile (no commit). */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_nt)(float *acc, uint32_t a,
@@ -4390,10 +4429,51 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_dq)(float *acc, u
     for (k = 0; k < keys / 16; ++k) /* 16 keys of 128 bytes per k16 step */
         FA_I_WGMMA_DQ(acc, fa_i_desc_add(ad, k * 2048), fa_i_desc_add(bd, k * 2048), k > 0);
 }
+#endif
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
+#if FA_I_BWD_VARLEN
+/* The varlen instance (fa_i_bwd_fa3_<dt>_d<d>_varlen): the CTA's sequence's
+   problem (lengths and bottom-right positions, dK and dV from its first
+   key) in *v, *maps the tensor maps its rows are in (batch coordinate 0).
+   Looked up where used, not held in registers over the kernel. The dense
+   instance reads p and args as they are: the view costs the dense
+   backward 2-4% where it is a run-time choice (DESIGN.md, ragged batches). */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_view)(
+    const fa_params *p, const fa_i_fa3_bwd_args *args, fa_params *v, const fa_i_fa3_bwd_args **maps)
+{
+    const int64_t es = 2; /* 16-bit gradients */
+    const int s = args->key_blocks[blockIdx.x].x;
+    const fa_i_fa3_seq *e = args->seqs + s;
+    *v = *p;
+    v->seqlen_q = e->nq;
+    v->seqlen_k = e->nk;
+    fa_i_bottom_right(v);
+    v->dk = (char *)v->dk + e->k0 * v->dk_layout.seq * es;
+    v->dv = (char *)v->dv + e->k0 * v->dv_layout.seq * es;
+    *maps = args->seq_maps + s;
+}
+#define FA_I_BWD_FA3_NAME FA_I_CAT(FA_I_KNAME(fa_i_bwd_fa3), _varlen)
+#define FA_I_BWD_SEQ v         /* the CTA's problem */
+#define FA_I_BWD_MAPS maps     /* its tensor maps */
+#define FA_I_BWD_VIEW() FA_I_KNAME(fa_i_fa3_bwd_view)(&p, &args, &v, &maps)
+/* the row facts of (head h, first row r0) into buffer i: LSE and D [Hq, total_q] */
+#define FA_I_BWD_FA3_ROW_FACTS(h, r0, i, tid, nthreads)                                     \
+    fa_i_bwd_row_facts_at(&v, p.lse, args.a.dsum,                                         \
+                          (int64_t)(h) * args.total_q +                                   \
+                              args.seqs[args.key_blocks[blockIdx.x].x].q0,                \
+                          r0, slse[i], sdsum[i], slo[i], shi[i], BM, tid, nthreads)
+#else
+#define FA_I_BWD_FA3_NAME FA_I_KNAME(fa_i_bwd_fa3)
+#define FA_I_BWD_SEQ p
+#define FA_I_BWD_MAPS (&args)
+#define FA_I_BWD_VIEW() ((void)0)
+#define FA_I_BWD_FA3_ROW_FACTS(h, r0, i, tid, nthreads) \
+    fa_i_bwd_row_facts(&p, &args.a, b, h, r0, slse[i], sdsum[i], slo[i], shi[i], BM, tid, nthreads)
+#endif
+
 static __global__ void __launch_bounds__(256, 1)
-    FA_I_KNAME(fa_i_bwd_fa3)(const fa_params p, const __grid_constant__ fa_i_fa3_bwd_args args)
+    FA_I_BWD_FA3_NAME(const fa_params p, const __grid_constant__ fa_i_fa3_bwd_args args)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
@@ -4419,8 +4499,16 @@ static __global__ void __launch_bounds__(256, 1)
     const uint32_t kv_full = fa_i_smem_addr(bars), rows_full = kv_full + 8;
     const int tid = threadIdx.x, w = tid >> 7, t = tid & 127, warp = t >> 5, lane = tid & 31;
     const uint32_t sdq = sds + 2 * DS_BYTES + w * DQ_PARTS * DQ_BYTES; /* this warpgroup's */
-    const int c0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
-    const int group = p.heads_q / p.heads_kv, q_blocks = fa_i_dq_blocks(&p);
+    /* the CTA's keys: block x of its sequence (varlen) or of batch z */
+    const int c0 = FA_I_BWD_VARLEN ? args.key_blocks[blockIdx.x].y : blockIdx.x * BN;
+    const int hk = blockIdx.y;
+    const int b = FA_I_BWD_VARLEN ? 0 : blockIdx.z;
+    const int group = p.heads_q / p.heads_kv;
+    const int q_blocks = FA_I_BWD_VARLEN ? args.acc_blocks : fa_i_dq_blocks(&p);
+#if FA_I_BWD_VARLEN
+    fa_params v; /* the CTA's sequence's problem, looked up where it is used */
+    const fa_i_fa3_bwd_args *maps;
+#endif
     const int keys_w = SHARED_KEYS ? 0 : 64 * w, cols_w = SHARED_KEYS ? DW * w : 0;
     const int key0 = keys_w + 16 * warp + (lane >> 2); /* and key0 + 8, of the CTA's keys */
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
@@ -4428,7 +4516,8 @@ static __global__ void __launch_bounds__(256, 1)
     int first, last, blocks, steps, step, i, h_at, r_at;
     int sh = 0, sb = 0; /* this step's head of the group and block */
 
-    fa_i_rows_seeing_keys(&p, c0, min(c0 + BN, p.seqlen_k), &first, &last);
+    FA_I_BWD_VIEW();
+    fa_i_rows_seeing_keys(&FA_I_BWD_SEQ, c0, min(c0 + BN, FA_I_BWD_SEQ.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
     steps = group * blocks; /* (query head, query block) pairs, in order */
     /* h_at, r_at: the query head and first row of the step `ahead` after this one */
@@ -4446,18 +4535,24 @@ static __global__ void __launch_bounds__(256, 1)
     __syncthreads();
     if (tid == 0 && steps > 0) {
         int c;
-        fa_i_tma_prefetch(&args.q);
-        fa_i_tma_prefetch(&args.dout);
+        if (FA_I_BWD_VARLEN) { /* maps the host copied into the workspace (see the forward's) */
+            fa_i_tma_map_acquire(&FA_I_BWD_MAPS->q);
+            fa_i_tma_map_acquire(&FA_I_BWD_MAPS->k);
+            fa_i_tma_map_acquire(&FA_I_BWD_MAPS->v);
+            fa_i_tma_map_acquire(&FA_I_BWD_MAPS->dout);
+        }
+        fa_i_tma_prefetch(&FA_I_BWD_MAPS->q);
+        fa_i_tma_prefetch(&FA_I_BWD_MAPS->dout);
         fa_i_mbar_expect_tx(kv_full, 2 * KV_BYTES);
         for (c = 0; c < CHUNKS; ++c) {
-            fa_i_tma_load(sk + c * BN * 128, &args.k, 64 * c, c0, hk, b, kv_full,
+            fa_i_tma_load(sk + c * BN * 128, &FA_I_BWD_MAPS->k, 64 * c, c0, hk, b, kv_full,
                           FA_I_L2_EVICT_NORMAL);
-            fa_i_tma_load(sv + c * BN * 128, &args.v, 64 * c, c0, hk, b, kv_full,
+            fa_i_tma_load(sv + c * BN * 128, &FA_I_BWD_MAPS->v, 64 * c, c0, hk, b, kv_full,
                           FA_I_L2_EVICT_NORMAL);
         }
         for (i = 0; i < STAGES && i < steps; ++i) {
             FA_I_STEP_AT(i);
-            fa_i_fa3_bwd_load_rows(&args, sq + i * ROWS_BYTES, sdo + i * ROWS_BYTES,
+            fa_i_fa3_bwd_load_rows(FA_I_BWD_MAPS, sq + i * ROWS_BYTES, sdo + i * ROWS_BYTES,
                                     rows_full + 8 * i, CHUNKS, r_at, h_at, b);
         }
     }
@@ -4465,8 +4560,7 @@ static __global__ void __launch_bounds__(256, 1)
        (whose readers are done with it) and are read after that of n - 1. */
     for (i = 0; i < 2 && i < steps; ++i) {
         FA_I_STEP_AT(i);
-        fa_i_bwd_row_facts(&p, &args.a, b, h_at, r_at, slse[i], sdsum[i], slo[i],
-                                          shi[i], BM, tid, 256);
+        FA_I_BWD_FA3_ROW_FACTS(h_at, r_at, i, tid, 256);
     }
 #pragma unroll
     for (i = 0; i < DW / 2; ++i) dk[i] = dv[i] = 0.0f;
@@ -4494,8 +4588,9 @@ static __global__ void __launch_bounds__(256, 1)
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
-        if (FA_I_TILE_MASKED(shi[rb][0], slo[rb][min(BM, p.seqlen_q - r0) - 1], c0 + keys_w,
-                             c0 + keys_w + 64))
+        FA_I_BWD_VIEW();
+        if (FA_I_TILE_MASKED(shi[rb][0], slo[rb][min(BM, FA_I_BWD_SEQ.seqlen_q - r0) - 1],
+                             c0 + keys_w, c0 + keys_w + 64))
 #pragma unroll
             for (i = 0; i < 32; ++i) {
                 const int r = FA_I_FA3_COL(i), key = c0 + key0 + 8 * ((i >> 1) & 1);
@@ -4548,8 +4643,8 @@ static __global__ void __launch_bounds__(256, 1)
             fa_i_wgmma_commit();
             if (j == 0 && w == 1 && step + 2 < steps) { /* global loads under the dQ wgmma */
                 FA_I_STEP_AT(2);
-                fa_i_bwd_row_facts(&p, &args.a, b, h_at, r_at, slse[rb], sdsum[rb],
-                                                  slo[rb], shi[rb], BM, t, 128);
+                FA_I_BWD_VIEW();
+                FA_I_BWD_FA3_ROW_FACTS(h_at, r_at, rb, t, 128);
             }
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(dq, 32);
@@ -4564,8 +4659,9 @@ static __global__ void __launch_bounds__(256, 1)
                 if (t == 0 && step + STAGES < steps && atomicAdd(&released[buf], 1) == 1) {
                     released[buf] = 0;
                     FA_I_STEP_AT(STAGES);
-                    fa_i_fa3_bwd_load_rows(&args, sqt, sdot, rows_full + 8 * buf, CHUNKS, r_at,
-                                            h_at, b);
+                    FA_I_BWD_VIEW();
+                    fa_i_fa3_bwd_load_rows(FA_I_BWD_MAPS, sqt, sdot, rows_full + 8 * buf, CHUNKS,
+                                           r_at, h_at, b);
                 }
             }
 #pragma unroll
@@ -4579,8 +4675,10 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_proxy_async();
         fa_i_named_sync(1 + w, 128);
         if (t == 0) { /* d = 64: its keys' share of the block, else its columns */
+            const int acc0 = FA_I_BWD_VARLEN ? args.seqs[args.key_blocks[blockIdx.x].x].acc0 : 0;
             fa_i_bulk_add_f32(args.a.dq_acc +
-                                  (((int64_t)b * p.heads_q + h) * q_blocks + r0 / BM) * BM * D +
+                                  (((int64_t)b * p.heads_q + h) * q_blocks + acc0 + r0 / BM) *
+                                      BM * D +
                                   (DQ_BY_KEYS ? 0 : w * DQ_PARTS * BM * 64),
                               sdq, DQ_PARTS * DQ_BYTES);
             fa_i_tma_store_commit();
@@ -4589,13 +4687,16 @@ static __global__ void __launch_bounds__(256, 1)
     }
 #undef FA_I_STEP_AT
     if (t == 0) fa_i_tma_store_wait_read(); /* shared memory must outlive the copy */
+    FA_I_BWD_VIEW();
     {
-        uint16_t *gdk = (uint16_t *)p.dk + fa_i_dev_offset(&p.dk_layout, b, hk, 0);
-        uint16_t *gdv = (uint16_t *)p.dv + fa_i_dev_offset(&p.dv_layout, b, hk, 0);
+        uint16_t *gdk =
+            (uint16_t *)FA_I_BWD_SEQ.dk + fa_i_dev_offset(&FA_I_BWD_SEQ.dk_layout, b, hk, 0);
+        uint16_t *gdv =
+            (uint16_t *)FA_I_BWD_SEQ.dv + fa_i_dev_offset(&FA_I_BWD_SEQ.dv_layout, b, hk, 0);
 #pragma unroll
         for (i = 0; i < DW / 2; i += 2) {
             const int key = c0 + key0 + 8 * ((i >> 1) & 1), col = cols_w + FA_I_FA3_COL(i);
-            FA_I_STORE_DK_DV(key, col, dk[i], dk[i + 1], dv[i], dv[i + 1])
+            FA_I_STORE_DK_DV(FA_I_BWD_SEQ, key, col, dk[i], dk[i + 1], dv[i], dv[i + 1])
         }
     }
 #undef FA_I_FA3_COL
@@ -4604,6 +4705,11 @@ static __global__ void __launch_bounds__(256, 1)
     (void)args;
 #endif
 }
+#undef FA_I_BWD_FA3_NAME
+#undef FA_I_BWD_SEQ
+#undef FA_I_BWD_MAPS
+#undef FA_I_BWD_VIEW
+#undef FA_I_BWD_FA3_ROW_FACTS
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #undef FA_I_WGMMA_NT
 #undef FA_I_WGMMA_DKV
@@ -4714,7 +4820,12 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_PASS
 #if FA_I_HAS_FA3
 #define FA_I_PASS FA_I_PASS_FA3_BWD
+#define FA_I_BWD_VARLEN 0
 #include "flashattn_cuda.cuh"
+#undef FA_I_BWD_VARLEN
+#define FA_I_BWD_VARLEN 1 /* the ragged batch's instance */
+#include "flashattn_cuda.cuh"
+#undef FA_I_BWD_VARLEN
 #undef FA_I_PASS
 #endif
 #endif /* !FA_I_FP8 */
@@ -4741,7 +4852,7 @@ static __global__ void __launch_bounds__(256, 1)
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL,        \
-     FA_I_NO_KERNEL, 0}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
@@ -4952,11 +5063,12 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #else
 #define FA_I_FA3_FWD_ENTRIES(dt) {FA_I_FA3_FWD_ENTRY(dt, 0), FA_I_NO_KERNEL}
 #endif
-#define FA_I_FA3_BWD_ENTRY(dt) \
-    {FA_I_KERNEL_OF(fa_i_bwd_fa3, dt, ), 64, FA_I_COL(FA3_BWD, KEYS, FA_I_FA3_BWD_ROW), 256, FA_I_FA3_BWD_SMEM}
+#define FA_I_FA3_BWD_ENTRY(dt, suffix)                                                      \
+    {FA_I_KERNEL_OF(fa_i_bwd_fa3, dt, suffix), 64, FA_I_COL(FA3_BWD, KEYS, FA_I_FA3_BWD_ROW), 256, \
+     FA_I_FA3_BWD_SMEM}
 #else
 #define FA_I_FA3_FWD_ENTRIES(dt) {FA_I_NO_KERNEL, FA_I_NO_KERNEL}
-#define FA_I_FA3_BWD_ENTRY(dt) FA_I_NO_KERNEL
+#define FA_I_FA3_BWD_ENTRY(dt, suffix) FA_I_NO_KERNEL
 #endif
 #define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
@@ -4972,15 +5084,16 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
        128 * (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64 + 1),                           \
        FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1)},                                                \
       FA_I_NO_KERNEL},                                                                       \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
 #endif
 #define FA_I_ENTRY(dt)                                                                       \
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
-     FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt),               \
-     FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _general), FA_I_D}
+     FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt, ),             \
+     FA_I_FA3_BWD_ENTRY(dt, _varlen), FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _general), \
+     FA_I_D}
 #if FA_CUDA_SPLIT
 extern
 #else
@@ -5402,6 +5515,7 @@ static int fa_i_fa3_ready(const fa_params *p, const fa_i_kernel *k, const fa_i_d
 static int fa_i_fa3_bwd_ready(const fa_params *p, const fa_i_kernel *k,
                               const fa_i_device *dev, fa_i_fa3_bwd_args *args)
 {
+    memset(args, 0, sizeof *args);
     return fa_i_fa3_compiled(k->fn, k->smem, dev) &&
            fa_i_tma_map(&args->q, p->q, &p->q_layout, p, p->dtype, p->head_dim, p->seqlen_q,
                         p->heads_q, 64) &&
@@ -5692,7 +5806,7 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *params, cudaStre
         return fa_i_fail(FA_ERR_UNSUPPORTED, "this build has no fp8 quantize kernel for the device");
     }
     return fa_i_launch(kernel, dim3(fa_i_blocks(p.seqlen, FA_FP8_BLOCK), p.heads, p.batch),
-                       32 * FA_I_QUANT_WARPS, 0, stream, &p, NULL);
+                       32 * fa_i_quant_warps(p.head_dim), 0, stream, &p, NULL);
 }
 
 FA_API fa_status fa_cuda_combine(const fa_combine_params *params, cudaStream_t stream)
@@ -5886,6 +6000,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     a.dsum = (float *)workspace; /* [rows], then the dQ accumulator 16-byte aligned */
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     a.acc_d = k->head_dim;
+    a.acc_rows = NULL;
     /* fa_i_pre_lanes(acc_d) threads per (padded) dQ accumulator row */
     s = fa_i_launch((const void *)fa_i_bwd_preprocess,
                     dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(p, a.acc_d) / a.acc_d) *
@@ -5962,49 +6077,29 @@ static fa_status fa_i_varlen_no_keys(const fa_params *p, const fa_params *seq, i
 }
 
 #if FA_I_SM90
-/* The varlen forward in one launch of the FA3 kernel (DESIGN.md, ragged
+/* A ragged batch in one launch of an FA3 kernel (DESIGN.md, ragged
    batches): per sequence with queries and keys its tensor maps and entry,
-   and the tiles of them all in schedule order (sequence by sequence, each
-   sequence's heads in turn, so that tiles of equal cost run together),
-   staged on the stack and copied into the workspace (64-byte aligned: the
-   maps) in chunks; the sequences go by the power of two of their work (nq
-   nk), largest first, so that the shortest tiles run last. Taken where the
-   longest sequence's dense plan is the FA3 kernel's, outside stream capture
-   (the copies are from host memory); else *taken = 0 and the caller runs
-   sequence by sequence. */
-#define FA_I_VARLEN_SEQS 16   /* sequences staged per copy */
-#define FA_I_VARLEN_TILES 512 /* tiles staged per copy */
+   and the kernel's work items in schedule order, staged on the stack and
+   copied into the workspace (the maps first, 64-byte aligned) in chunks.
+   Sequences go by the power of two of their work (nq nk), largest first,
+   so that the lightest items run last. */
+#define FA_I_VARLEN_SEQS 16    /* sequences staged per copy */
+#define FA_I_VARLEN_ITEMS 512  /* work items staged per copy */
 typedef struct fa_i_varlen_stage {
-    fa_i_tma_maps maps[FA_I_VARLEN_SEQS];
+    union { /* the sequences' maps */
+        fa_i_tma_maps fwd[FA_I_VARLEN_SEQS];
+        fa_i_fa3_bwd_args bwd[FA_I_VARLEN_SEQS];
+    } maps;
     fa_i_fa3_seq seqs[FA_I_VARLEN_SEQS];
-    int2 tiles[FA_I_VARLEN_TILES];
-    int n_seqs, n_tiles;       /* staged */
-    int seqs_done, tiles_done; /* copied */
-    fa_i_tma_maps *dev_maps;
+    int2 items[FA_I_VARLEN_ITEMS];
+    int n_seqs, n_items;       /* staged */
+    int seqs_done, items_done; /* copied */
+    size_t map_bytes;          /* of one sequence's maps */
+    char *dev_maps;
     fa_i_fa3_seq *dev_seqs;
-    int2 *dev_tiles;
+    int2 *dev_items;
     cudaStream_t stream;
 } fa_i_varlen_stage;
-
-static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
-{
-    cudaError_t e = cudaSuccess;
-    if (st->n_seqs &&
-        ((e = cudaMemcpyAsync(st->dev_maps + st->seqs_done, st->maps,
-                              sizeof(fa_i_tma_maps) * st->n_seqs, cudaMemcpyHostToDevice,
-                              st->stream)) != cudaSuccess ||
-         (e = cudaMemcpyAsync(st->dev_seqs + st->seqs_done, st->seqs,
-                              sizeof(fa_i_fa3_seq) * st->n_seqs, cudaMemcpyHostToDevice,
-                              st->stream)) != cudaSuccess))
-        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
-    if (st->n_tiles &&
-        (e = cudaMemcpyAsync(st->dev_tiles + st->tiles_done, st->tiles, sizeof(int2) * st->n_tiles,
-                             cudaMemcpyHostToDevice, st->stream)) != cudaSuccess)
-        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
-    st->seqs_done += st->n_seqs, st->tiles_done += st->n_tiles;
-    st->n_seqs = st->n_tiles = 0;
-    return FA_OK;
-}
 
 /* The power of two of a sequence's work, or -1 where it has none. */
 static int fa_i_varlen_class(const fa_params *p, int b)
@@ -6015,6 +6110,86 @@ static int fa_i_varlen_class(const fa_params *p, int b)
     if (!nq || !nk) return -1;
     for (work = (int64_t)nq * nk; work > 1; work >>= 1) ++c;
     return c;
+}
+
+/* The workspace a one-launch call needs: the maps (map_bytes a sequence,
+   64-byte aligned), entries and items. */
+static size_t fa_i_varlen_bytes(int seqs, int64_t items, size_t map_bytes)
+{
+    return 64 + (map_bytes + sizeof(fa_i_fa3_seq)) * seqs + sizeof(int2) * (size_t)items;
+}
+
+/* The stage for a workspace laid out as fa_i_varlen_bytes says. */
+static void fa_i_varlen_layout(fa_i_varlen_stage *st, void *workspace, int seqs, size_t map_bytes,
+                               cudaStream_t stream)
+{
+    memset(st, 0, sizeof *st);
+    st->map_bytes = map_bytes, st->stream = stream;
+    st->dev_maps = (char *)(((uintptr_t)workspace + 63) & ~(uintptr_t)63);
+    st->dev_seqs = (fa_i_fa3_seq *)(st->dev_maps + map_bytes * seqs);
+    st->dev_items = (int2 *)(st->dev_seqs + seqs);
+}
+
+static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
+{
+    cudaError_t e = cudaSuccess;
+    if (st->n_seqs &&
+        ((e = cudaMemcpyAsync(st->dev_maps + st->map_bytes * st->seqs_done, &st->maps,
+                              st->map_bytes * st->n_seqs, cudaMemcpyHostToDevice, st->stream)) !=
+             cudaSuccess ||
+         (e = cudaMemcpyAsync(st->dev_seqs + st->seqs_done, st->seqs,
+                              sizeof(fa_i_fa3_seq) * st->n_seqs, cudaMemcpyHostToDevice,
+                              st->stream)) != cudaSuccess))
+        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
+    if (st->n_items &&
+        (e = cudaMemcpyAsync(st->dev_items + st->items_done, st->items, sizeof(int2) * st->n_items,
+                             cudaMemcpyHostToDevice, st->stream)) != cudaSuccess)
+        return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
+    st->seqs_done += st->n_seqs, st->items_done += st->n_items;
+    st->n_seqs = st->n_items = 0;
+    return FA_OK;
+}
+
+/* Stages one work item of the sequence staged last. */
+static fa_status fa_i_varlen_item(fa_i_varlen_stage *st, int y)
+{
+    st->items[st->n_items].x = st->seqs_done + st->n_seqs;
+    st->items[st->n_items].y = y;
+    return ++st->n_items == FA_I_VARLEN_ITEMS ? fa_i_varlen_flush(st) : FA_OK;
+}
+
+/* The next sequence's entry staged (its maps are in place), sequence b of p. */
+static fa_status fa_i_varlen_next(fa_i_varlen_stage *st, const fa_params *p, int b, int acc0)
+{
+    fa_i_fa3_seq *e = &st->seqs[st->n_seqs];
+    memset(e, 0, sizeof *e);
+    fa_i_varlen_sequence(p, b, &e->nq, &e->nk);
+    e->q0 = p->cu_seqlens_q[b], e->k0 = p->cu_seqlens_k[b], e->acc0 = acc0;
+    return ++st->n_seqs == FA_I_VARLEN_SEQS ? fa_i_varlen_flush(st) : FA_OK;
+}
+
+/* Whether a one-launch varlen call may run: the stream is not capturing
+   (the copies are from host memory), the workspace holds `need` bytes and
+   overlaps no sequence's tensors. */
+static fa_status fa_i_varlen_may_run(const fa_params *p, fa_i_seq_call *call, size_t need,
+                                     int *may)
+{
+    cudaStreamCaptureStatus capture;
+    int b, nq, nk;
+    fa_status s;
+    *may = 0;
+    if (need > call->need) call->need = need;
+    if (!call->run || call->workspace_size < need ||
+        cudaStreamIsCapturing(call->stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone)
+        return FA_OK;
+    for (b = 0; b < p->batch; ++b) {
+        const fa_params seq = fa_i_varlen_sequence(p, b, &nq, &nk);
+        if (nq && nk && (s = fa_i_check_aliasing(&seq, call->pass, call->workspace, need)) != FA_OK)
+            return s;
+    }
+    *may = 1;
+    return FA_OK;
 }
 
 /* The longest query sequence with keys (-1: none). */
@@ -6028,90 +6203,198 @@ static int fa_i_varlen_longest(const fa_params *p)
     return best;
 }
 
-static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int total_q,
-                                 int *taken)
+/* The forward: tiles {sequence, head << 16 | query block}, sequence by
+   sequence, each head's blocks in the dense schedule's order. Taken where
+   the longest sequence's dense plan is the FA3 kernel's; else *taken = 0
+   and the caller runs sequence by sequence. */
+static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int total_q, int *taken)
 {
     fa_i_forward_plan plan;
     fa_i_device dev;
     fa_i_varlen_stage st;
     fa_i_tma_maps maps;
     fa_params run;
-    cudaStreamCaptureStatus capture;
     const fa_i_kernel *k;
     int64_t tiles = 0;
     size_t need;
-    char *at;
-    int nq, nk, b, c, h, seqs = 0;
+    int nq, nk, b, c, h, r, seqs = 0, longest = fa_i_varlen_longest(p), may, most_blocks = 0;
     fa_status s;
-    const int longest = fa_i_varlen_longest(p);
     fa_params seq;
     *taken = 0;
     if (longest < 0) return FA_OK;
     seq = fa_i_varlen_sequence(p, longest, &nq, &nk);
-    if (nq <= FA_I_DECODE_MAX_Q ||
-        fa_i_plan_forward(&seq, (size_t)-1, &plan) != FA_OK || plan.algorithm != 3 ||
-        fa_i_device_facts(&dev) != cudaSuccess)
+    if (nq <= FA_I_DECODE_MAX_Q || fa_i_plan_forward(&seq, (size_t)-1, &plan) != FA_OK ||
+        plan.algorithm != 3 || fa_i_device_facts(&dev) != cudaSuccess)
         return FA_OK;
     k = plan.fa3;
     for (b = 0; b < p->batch; ++b) {
         fa_i_varlen_sequence(p, b, &nq, &nk);
         if (!nq || !nk) continue;
-        if (fa_i_blocks(nq, k->rows) > 0xffff) return FA_OK; /* a tile's block in 16 bits */
         ++seqs;
         tiles += (int64_t)fa_i_blocks(nq, k->rows) * p->heads_q;
+        most_blocks = max(most_blocks, fa_i_blocks(nq, k->rows));
     }
-    if (tiles > 0x7fffffff) return FA_OK;
-    need = 64 + (sizeof(fa_i_tma_maps) + sizeof(fa_i_fa3_seq)) * (size_t)seqs +
-           sizeof(int2) * (size_t)tiles;
-    if (need > call->need) call->need = need;
-    if (!call->run || call->workspace_size < need ||
-        cudaStreamIsCapturing(call->stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone)
-        return FA_OK;
-    for (b = 0; b < p->batch; ++b) {
-        seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-        if (nq && nk &&
-            (s = fa_i_check_aliasing(&seq, FA_PASS_FORWARD, call->workspace, need)) != FA_OK)
-            return s;
-    }
-    memset(&st, 0, sizeof st);
-    at = (char *)(((uintptr_t)call->workspace + 63) & ~(uintptr_t)63);
-    st.dev_maps = (fa_i_tma_maps *)at;
-    st.dev_seqs = (fa_i_fa3_seq *)(st.dev_maps + seqs);
-    st.dev_tiles = (int2 *)(st.dev_seqs + seqs);
-    st.stream = call->stream;
+    if (tiles > 0x7fffffff || most_blocks > 0xffff) return FA_OK; /* the items' fields */
+    need = fa_i_varlen_bytes(seqs, tiles, sizeof(fa_i_tma_maps));
+    if ((s = fa_i_varlen_may_run(p, call, need, &may)) != FA_OK || !may) return s;
+    fa_i_varlen_layout(&st, call->workspace, seqs, sizeof(fa_i_tma_maps), call->stream);
     for (c = 62; c >= 0; --c)
         for (b = 0; b < p->batch; ++b) {
-            fa_i_fa3_seq *e = &st.seqs[st.n_seqs];
-            int r, blocks_m;
+            int blocks_m;
             if (fa_i_varlen_class(p, b) != c) continue;
             seq = fa_i_varlen_sequence(p, b, &nq, &nk);
-            if (!fa_i_fa3_maps(&seq, k, &st.maps[st.n_seqs]))
-                return FA_OK; /* sequence by sequence */
-            e->nq = nq, e->nk = nk, e->q0 = p->cu_seqlens_q[b], e->pad = 0;
+            if (!fa_i_fa3_maps(&seq, k, &st.maps.fwd[st.n_seqs])) return FA_OK; /* by sequence */
             blocks_m = fa_i_blocks(nq, k->rows);
             for (h = 0; h < p->heads_q; ++h)
-                for (r = 0; r < blocks_m; ++r) { /* within a head as the dense schedule runs them */
-                    st.tiles[st.n_tiles].x = st.seqs_done + st.n_seqs;
-                    st.tiles[st.n_tiles].y =
-                        (int)((uint32_t)h << 16 |
-                              (uint32_t)(!p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1)));
-                    if (++st.n_tiles == FA_I_VARLEN_TILES && (s = fa_i_varlen_flush(&st)) != FA_OK)
+                for (r = 0; r < blocks_m; ++r)
+                    if ((s = fa_i_varlen_item(
+                             &st, (int)((uint32_t)h << 16 |
+                                        (uint32_t)(!p->causal ? r
+                                                   : (r & 1)  ? r >> 1
+                                                              : blocks_m - 1 - (r >> 1))))) !=
+                        FA_OK)
                         return s;
-                }
-            if (++st.n_seqs == FA_I_VARLEN_SEQS && (s = fa_i_varlen_flush(&st)) != FA_OK) return s;
+            if ((s = fa_i_varlen_next(&st, p, b, 0)) != FA_OK) return s;
         }
     if ((s = fa_i_varlen_flush(&st)) != FA_OK) return s;
     run = plan.p; /* the kernel's params: the longest sequence's, but the varlen LSE */
     run.lse = p->lse;
     memset(&maps, 0, sizeof maps);
-    maps.seq_maps = st.dev_maps, maps.seqs = st.dev_seqs, maps.tiles = st.dev_tiles;
-    maps.num_tiles = (int)tiles, maps.total_q = total_q;
+    maps.seq_maps = (const fa_i_tma_maps *)st.dev_maps, maps.seqs = st.dev_seqs;
+    maps.tiles = st.dev_items, maps.num_tiles = (int)tiles, maps.total_q = total_q;
     *taken = 1;
-    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(tiles, &dev)), k->threads, k->smem,
-                       call->stream, &run, &maps);
+    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(tiles, &dev)), k->threads, k->smem, call->stream,
+                       &run, &maps);
+}
+
+/* The backward (atomic mode, gradients straight to the caller's tensors):
+   D by the preprocess over the packed rows as one sequence ([Hq, total_q],
+   as the LSE), the dQ accumulator zeroed, then the kernel over every
+   sequence's key blocks (items {sequence, first key}, grid x) and each kv
+   head (grid y), then the postprocess. The accumulator holds each head's
+   sequences one after another, each from a multiple of 128 rows (so a
+   64-row block is one sequence's, in the MMA order fa_i_bwd_postprocess
+   reads), with acc_rows (more items) mapping its blocks back. */
+static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, int total_q,
+                                     int *taken)
+{
+    fa_i_backward_plan plan;
+    fa_i_device dev;
+    fa_i_varlen_stage st;
+    fa_i_fa3_bwd_args args;
+    fa_params run, rows;
+    const fa_i_kernel *k;
+    int64_t key_blocks = 0, acc_blocks = 0;
+    size_t dsum_bytes, acc_bytes, need;
+    int nq, nk, b, c, r, seqs = 0, acc0 = 0, longest = fa_i_varlen_longest(p), may;
+    fa_status s;
+    fa_params seq;
+    *taken = 0;
+    if (longest < 0 || call->deterministic || p->accumulate_grads || p->grads_f32) return FA_OK;
+    seq = fa_i_varlen_sequence(p, longest, &nq, &nk);
+    if (fa_i_plan_backward(&seq, 0, &plan) != FA_OK || plan.algorithm != 3 ||
+        fa_i_device_facts(&dev) != cudaSuccess)
+        return FA_OK;
+    k = &plan.k->fa3_bwd_varlen;
+    for (b = 0; b < p->batch; ++b) {
+        fa_i_varlen_sequence(p, b, &nq, &nk);
+        if (!nq || !nk) continue;
+        ++seqs;
+        key_blocks += fa_i_blocks(nk, k->keys);
+        acc_blocks += (nq + 127) / 128 * 2;
+    }
+    if (key_blocks > 0x7fffffff || acc_blocks * 64 > 0x7fffffff) return FA_OK;
+    dsum_bytes = fa_i_round4((size_t)p->heads_q * total_q) * sizeof(float);
+    acc_bytes = (size_t)p->heads_q * acc_blocks * 64 * plan.k->head_dim * sizeof(float);
+    need = dsum_bytes + acc_bytes +
+           fa_i_varlen_bytes(seqs, key_blocks + acc_blocks, sizeof(fa_i_fa3_bwd_args));
+    if ((s = fa_i_varlen_may_run(p, call, need, &may)) != FA_OK || !may) return s;
+    memset(&args, 0, sizeof args);
+    args.a.dsum = (float *)call->workspace;
+    args.a.dq_acc = (float *)((char *)call->workspace + dsum_bytes);
+    args.a.acc_d = plan.k->head_dim;
+    fa_i_varlen_layout(&st, (char *)call->workspace + dsum_bytes + acc_bytes, seqs,
+                       sizeof(fa_i_fa3_bwd_args), call->stream);
+    for (c = 62; c >= 0; --c) /* the key blocks */
+        for (b = 0; b < p->batch; ++b) {
+            if (fa_i_varlen_class(p, b) != c) continue;
+            seq = fa_i_varlen_sequence(p, b, &nq, &nk);
+            if (!fa_i_fa3_bwd_ready(&seq, k, &dev, &st.maps.bwd[st.n_seqs])) return FA_OK;
+            for (r = 0; r < nk; r += k->keys)
+                if ((s = fa_i_varlen_item(&st, r)) != FA_OK) return s;
+            if ((s = fa_i_varlen_next(&st, p, b, acc0)) != FA_OK) return s;
+            acc0 += (nq + 127) / 128 * 2;
+        }
+    for (c = 62; c >= 0; --c) /* then the accumulator's blocks, in the same order */
+        for (b = 0; b < p->batch; ++b) {
+            if (fa_i_varlen_class(p, b) != c) continue;
+            fa_i_varlen_sequence(p, b, &nq, &nk);
+            for (r = 0; r < (nq + 127) / 128 * 128; r += 64) {
+                st.items[st.n_items].x = p->cu_seqlens_q[b] + r;
+                st.items[st.n_items].y = nq - r;
+                if (++st.n_items == FA_I_VARLEN_ITEMS && (s = fa_i_varlen_flush(&st)) != FA_OK)
+                    return s;
+            }
+        }
+    if ((s = fa_i_varlen_flush(&st)) != FA_OK) return s;
+    *taken = 1;
+    /* D over the packed rows: one sequence of total_q rows, no accumulator */
+    rows = plan.p;
+    rows.batch = 1, rows.seqlen_q = total_q;
+    rows.o = p->o, rows.o_layout = p->o_layout;
+    rows.dout = p->dout, rows.dout_layout = p->dout_layout;
+    args.a.dq_acc = NULL;
+    s = fa_i_launch((const void *)fa_i_bwd_preprocess,
+                    dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(&rows, args.a.acc_d) /
+                                               args.a.acc_d) *
+                                         fa_i_pre_lanes(args.a.acc_d),
+                                     256)),
+                    256, 0, call->stream, &rows, &args.a);
+    args.a.dq_acc = (float *)((char *)call->workspace + dsum_bytes);
+    if (s == FA_OK && cudaMemsetAsync(args.a.dq_acc, 0, acc_bytes, call->stream) != cudaSuccess)
+        s = fa_i_cuda_error(cudaGetLastError(), "cudaMemsetAsync of the dQ accumulator");
+    /* the kernel's params: the longest sequence's, with the packed LSE, dK, dV */
+    run = plan.p;
+    run.lse = p->lse, run.dk = p->dk, run.dv = p->dv;
+    args.seq_maps = (const fa_i_fa3_bwd_args *)st.dev_maps, args.seqs = st.dev_seqs;
+    args.key_blocks = st.dev_items, args.acc_blocks = (int)acc_blocks, args.total_q = total_q;
+    if (s == FA_OK)
+        s = fa_i_launch(k->fn, dim3((unsigned)key_blocks, p->heads_kv, 1), k->threads, k->smem,
+                        call->stream, &run, &args);
+    /* dQ: the accumulator as one sequence of acc_blocks 64-row blocks a head */
+    rows.seqlen_q = (int)(acc_blocks * 64);
+    rows.dq = p->dq, rows.dq_layout = p->dq_layout;
+    args.a.acc_rows = st.dev_items + key_blocks;
+    if (s == FA_OK)
+        s = fa_i_launch((const void *)fa_i_bwd_postprocess,
+                        dim3(fa_i_blocks(
+                            (int64_t)fa_i_dq_acc_floats(&rows, args.a.acc_d) / 16, 256)),
+                        256, 0, call->stream, &rows, &args.a);
+    return s;
 }
 #endif
+
+/* The gradients no kernel writes for sequence b: dQ where it sees no key,
+   dK and dV of the keys past seqused_k (or of all, without queries);
+   nothing when accumulating. */
+static fa_status fa_i_varlen_unseen_grads(const fa_params *p, int b, cudaStream_t stream)
+{
+    int nq, nk;
+    const fa_params seq = fa_i_varlen_sequence(p, b, &nq, &nk);
+    const int span_k = p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b], seen = nq && nk ? nk : 0;
+    const fa_dtype gt = fa_i_grad_dtype(p);
+    const int64_t ges = (int64_t)fa_dtype_size(gt);
+    fa_status s = FA_OK;
+    if (p->accumulate_grads) return FA_OK;
+    if (!seen) s = fa_i_fill(seq.dq, &p->dq_layout, nq, p->heads_q, p->head_dim, gt, 0.0f, stream);
+    if (s == FA_OK)
+        s = fa_i_fill((char *)seq.dk + seen * p->dk_layout.seq * ges, &p->dk_layout, span_k - seen,
+                      p->heads_kv, p->head_dim, gt, 0.0f, stream);
+    if (s == FA_OK)
+        s = fa_i_fill((char *)seq.dv + seen * p->dv_layout.seq * ges, &p->dv_layout, span_k - seen,
+                      p->heads_kv, p->head_dim_v, gt, 0.0f, stream);
+    return s;
+}
 
 static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
 {
@@ -6167,13 +6450,16 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     call->need = lse_bytes + inner;
     lse_l.batch = 0, lse_l.head = total_q, lse_l.seq = 1; /* [Hq, total_q] */
 #if FA_I_SM90
-    if (!bwd) {
+    {
         int taken;
-        if ((s = fa_i_varlen_fa3(&p, call, total_q, &taken)) != FA_OK) return s;
+        s = bwd ? fa_i_varlen_fa3_bwd(&p, call, total_q, &taken)
+                : fa_i_varlen_fa3(&p, call, total_q, &taken);
+        if (s != FA_OK) return s;
         for (b = 0; taken && b < p.batch && s == FA_OK; ++b) {
             int nq, nk;
             fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
-            if (nq && !nk)
+            if (bwd) s = fa_i_varlen_unseen_grads(&p, b, call->stream);
+            else if (nq && !nk)
                 s = fa_i_varlen_no_keys(&p, &seq, p.cu_seqlens_q[b], &lse_l, call->stream);
         }
         if (taken) return s;
@@ -6183,10 +6469,7 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     for (b = 0; b < p.batch && s == FA_OK; ++b) {
         int nq, nk;
         fa_params seq = fa_i_varlen_sequence(&p, b, &nq, &nk);
-        const int q0 = p.cu_seqlens_q[b], span_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-        const int seen = nq && nk ? nk : 0; /* keys some row sees */
-        const fa_dtype gt = fa_i_grad_dtype(&p);
-        const int64_t ges = (int64_t)fa_dtype_size(gt);
+        const int q0 = p.cu_seqlens_q[b];
         seq.lse = lse_tmp;
         if (!bwd) {
             if (!nq) continue;
@@ -6200,20 +6483,12 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
                 s = fa_i_copy_rows(p.lse + q0, total_q, lse_tmp, nq, nq, p.heads_q, call->stream);
             continue;
         }
-        if (seen) {
+        if (nq && nk) {
             s = fa_i_copy_rows(lse_tmp, nq, p.lse + q0, total_q, nq, p.heads_q, call->stream);
             if (s == FA_OK)
                 s = fa_cuda_backward(&seq, call->deterministic, inner_ws, avail, call->stream);
-        } else if (!p.accumulate_grads) {
-            s = fa_i_fill(seq.dq, &p.dq_layout, nq, p.heads_q, p.head_dim, gt, 0.0f, call->stream);
         }
-        if (s == FA_OK && !p.accumulate_grads) { /* keys past seqused_k, or all of them */
-            s = fa_i_fill((char *)seq.dk + seen * p.dk_layout.seq * ges, &p.dk_layout, span_k - seen,
-                          p.heads_kv, p.head_dim, gt, 0.0f, call->stream);
-            if (s == FA_OK)
-                s = fa_i_fill((char *)seq.dv + seen * p.dv_layout.seq * ges, &p.dv_layout,
-                              span_k - seen, p.heads_kv, p.head_dim_v, gt, 0.0f, call->stream);
-        }
+        if (s == FA_OK) s = fa_i_varlen_unseen_grads(&p, b, call->stream);
     }
     return s;
 }

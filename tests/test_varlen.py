@@ -257,6 +257,58 @@ for name, cfg in (
          **dict(dict(dtype="bf16"), **cfg))
 
 
+def gpu_varlen_backward_equals_dense_calls(**cfg):
+    """The ragged batch's backward (atomic mode) against a dense batch-1 call
+    per sequence from the same O and LSE: dK and dV equal bit for bit (each
+    key block walks the same query blocks in the same order); dQ, summed by
+    atomic adds in another order, equal to within its fp32 rounding."""
+    need_gpu()
+    prob = VarlenProblem(rng_for("varlen_dense_bwd" + str(cfg)), **cfg)
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    status, dq, dk, dv = prob.backward(o, lse, "gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    compared = 0
+    for b in range(prob.b):
+        q0, q1, k0, nk = prob.cu_q[b], prob.cu_q[b + 1], prob.cu_k[b], prob.keys(b)
+        nq = q1 - q0
+        if nq == 0 or nk == 0:
+            continue
+        shapes = dict(q=(nq, prob.hq, prob.d, prob.q[q0:q1]), k=(nk, prob.hkv, prob.d, prob.k[k0:k0 + nk]),
+                      v=(nk, prob.hkv, prob.dv, prob.v[k0:k0 + nk]), o=(nq, prob.hq, prob.dv, o[q0:q1]),
+                      dout=(nq, prob.hq, prob.dv, prob.dout[q0:q1]), dq=(nq, prob.hq, prob.d, None),
+                      dk=(nk, prob.hkv, prob.d, None), dv=(nk, prob.hkv, prob.dv, None))
+        t = {name: fa.Tensor((1, n, h, d), prob.dtype, values=None if x is None else x[None])
+             for name, (n, h, d, x) in shapes.items()}
+        dense_lse = np.ascontiguousarray(lse[None, :, q0:q1].astype(np.float32))
+        p = prob.params(t, dense_lse)
+        p.batch, p.seqlen_q, p.seqlen_k = 1, int(nq), int(nk)
+        p.cu_seqlens_q = p.cu_seqlens_k = p.seqused_k = None
+        status = fa.call_backward("gpu", p)
+        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+        for name, got in (("dk", dk[k0:k0 + nk]), ("dv", dv[k0:k0 + nk])):
+            assert np.array_equal(t[name].storage[0], fa.to_storage(got, prob.dtype)), \
+                f"sequence {b}: {name} differs"
+        want = t["dq"].values()[0]
+        err = np.abs(dq[q0:q1] - want).max() / max(np.abs(want).max(), 1e-30)
+        assert err <= 1e-2, f"sequence {b}: dq differs by {err:.2g} of its largest"
+        compared += 1
+    assert compared >= 3
+    return f"{compared} sequences"
+
+
+for name, cfg in (
+        ("d128_causal_gqa", dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
+                                 lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True,
+                                 heads_q=6, heads_kv=2, head_dim=128)),
+        ("d64_seqused_k", dict(lengths_q=[200, 17, 513, 40], lengths_k=[100, 300, 513, 9],
+                               used_k=[100, 250, 400, 0], head_dim=64)),
+        ("d256_window", dict(lengths_q=[100, 257, 40], lengths_k=[300, 257, 90], head_dim=256,
+                             window=(60, 20)))):
+    case(f"gpu_varlen_backward_equals_dense_calls_{name}", gpu_varlen_backward_equals_dense_calls,
+         **dict(dict(dtype="bf16"), **cfg))
+
+
 def gpu_varlen_graph_capture():
     """Captured into a CUDA graph (forward, deterministic backward) a ragged
     batch runs sequence by sequence (the one-launch schedule comes from host

@@ -6130,7 +6130,11 @@ static void fa_i_varlen_layout(fa_i_varlen_stage *st, void *workspace, int seqs,
     st->dev_items = (int2 *)(st->dev_seqs + seqs);
 }
 
-static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
+/* Copies the staged sequences (maps, entries) into the workspace. A
+   sequence's maps are staged before its items, its entry after them, so
+   the two kinds flush apart: a flush of items between them must not move
+   the sequence's slot. */
+static fa_status fa_i_varlen_flush_seqs(fa_i_varlen_stage *st)
 {
     cudaError_t e = cudaSuccess;
     if (st->n_seqs &&
@@ -6141,22 +6145,31 @@ static fa_status fa_i_varlen_flush(fa_i_varlen_stage *st)
                               sizeof(fa_i_fa3_seq) * st->n_seqs, cudaMemcpyHostToDevice,
                               st->stream)) != cudaSuccess))
         return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
+    st->seqs_done += st->n_seqs, st->n_seqs = 0;
+    return FA_OK;
+}
+
+/* Copies the staged work items into the workspace. */
+static fa_status fa_i_varlen_flush_items(fa_i_varlen_stage *st)
+{
+    cudaError_t e = cudaSuccess;
     if (st->n_items &&
         (e = cudaMemcpyAsync(st->dev_items + st->items_done, st->items, sizeof(int2) * st->n_items,
                              cudaMemcpyHostToDevice, st->stream)) != cudaSuccess)
         return fa_i_cuda_error(e, "cudaMemcpyAsync of the varlen schedule");
-    st->seqs_done += st->n_seqs, st->items_done += st->n_items;
-    st->n_seqs = st->n_items = 0;
+    st->items_done += st->n_items, st->n_items = 0;
     return FA_OK;
 }
 
-/* Stages one work item of the sequence staged last. */
-static fa_status fa_i_varlen_item(fa_i_varlen_stage *st, int y)
+/* Stages one work item {x, y}. */
+static fa_status fa_i_varlen_item(fa_i_varlen_stage *st, int x, int y)
 {
-    st->items[st->n_items].x = st->seqs_done + st->n_seqs;
-    st->items[st->n_items].y = y;
-    return ++st->n_items == FA_I_VARLEN_ITEMS ? fa_i_varlen_flush(st) : FA_OK;
+    st->items[st->n_items].x = x, st->items[st->n_items].y = y;
+    return ++st->n_items == FA_I_VARLEN_ITEMS ? fa_i_varlen_flush_items(st) : FA_OK;
 }
+
+/* The schedule's index of the sequence being staged. */
+static int fa_i_varlen_current(const fa_i_varlen_stage *st) { return st->seqs_done + st->n_seqs; }
 
 /* The next sequence's entry staged (its maps are in place), sequence b of p. */
 static fa_status fa_i_varlen_next(fa_i_varlen_stage *st, const fa_params *p, int b, int acc0)
@@ -6165,7 +6178,7 @@ static fa_status fa_i_varlen_next(fa_i_varlen_stage *st, const fa_params *p, int
     memset(e, 0, sizeof *e);
     fa_i_varlen_sequence(p, b, &e->nq, &e->nk);
     e->q0 = p->cu_seqlens_q[b], e->k0 = p->cu_seqlens_k[b], e->acc0 = acc0;
-    return ++st->n_seqs == FA_I_VARLEN_SEQS ? fa_i_varlen_flush(st) : FA_OK;
+    return ++st->n_seqs == FA_I_VARLEN_SEQS ? fa_i_varlen_flush_seqs(st) : FA_OK;
 }
 
 /* Whether a one-launch varlen call may run: the stream is not capturing
@@ -6248,15 +6261,16 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
             for (h = 0; h < p->heads_q; ++h)
                 for (r = 0; r < blocks_m; ++r)
                     if ((s = fa_i_varlen_item(
-                             &st, (int)((uint32_t)h << 16 |
-                                        (uint32_t)(!p->causal ? r
-                                                   : (r & 1)  ? r >> 1
-                                                              : blocks_m - 1 - (r >> 1))))) !=
-                        FA_OK)
+                             &st, fa_i_varlen_current(&st),
+                             (int)((uint32_t)h << 16 |
+                                   (uint32_t)(!p->causal ? r
+                                              : (r & 1)  ? r >> 1
+                                                         : blocks_m - 1 - (r >> 1))))) != FA_OK)
                         return s;
             if ((s = fa_i_varlen_next(&st, p, b, 0)) != FA_OK) return s;
         }
-    if ((s = fa_i_varlen_flush(&st)) != FA_OK) return s;
+    if ((s = fa_i_varlen_flush_seqs(&st)) != FA_OK || (s = fa_i_varlen_flush_items(&st)) != FA_OK)
+        return s;
     run = plan.p; /* the kernel's params: the longest sequence's, but the varlen LSE */
     run.lse = p->lse;
     memset(&maps, 0, sizeof maps);
@@ -6321,7 +6335,7 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
             seq = fa_i_varlen_sequence(p, b, &nq, &nk);
             if (!fa_i_fa3_bwd_ready(&seq, k, &dev, &st.maps.bwd[st.n_seqs])) return FA_OK;
             for (r = 0; r < nk; r += k->keys)
-                if ((s = fa_i_varlen_item(&st, r)) != FA_OK) return s;
+                if ((s = fa_i_varlen_item(&st, fa_i_varlen_current(&st), r)) != FA_OK) return s;
             if ((s = fa_i_varlen_next(&st, p, b, acc0)) != FA_OK) return s;
             acc0 += (nq + 127) / 128 * 2;
         }
@@ -6329,14 +6343,12 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
         for (b = 0; b < p->batch; ++b) {
             if (fa_i_varlen_class(p, b) != c) continue;
             fa_i_varlen_sequence(p, b, &nq, &nk);
-            for (r = 0; r < (nq + 127) / 128 * 128; r += 64) {
-                st.items[st.n_items].x = p->cu_seqlens_q[b] + r;
-                st.items[st.n_items].y = nq - r;
-                if (++st.n_items == FA_I_VARLEN_ITEMS && (s = fa_i_varlen_flush(&st)) != FA_OK)
+            for (r = 0; r < (nq + 127) / 128 * 128; r += 64)
+                if ((s = fa_i_varlen_item(&st, p->cu_seqlens_q[b] + r, nq - r)) != FA_OK)
                     return s;
-            }
         }
-    if ((s = fa_i_varlen_flush(&st)) != FA_OK) return s;
+    if ((s = fa_i_varlen_flush_seqs(&st)) != FA_OK || (s = fa_i_varlen_flush_items(&st)) != FA_OK)
+        return s;
     *taken = 1;
     /* D over the packed rows: one sequence of total_q rows, no accumulator */
     rows = plan.p;

@@ -252,7 +252,12 @@ for name, cfg in (
         ("d64_window_softcap", dict(lengths_q=[200, 17, 513], lengths_k=[100, 300, 513],
                                     window=(64, 0), softcap=20.0, head_dim=64)),
         ("d256_seqused_k", dict(lengths_q=[100, 257, 40], lengths_k=[300, 257, 90],
-                                used_k=[280, 1, 90], head_dim=256, causal=True))):
+                                used_k=[280, 1, 90], head_dim=256, causal=True)),
+        # 352 tiles a long sequence: the host's 512-tile staging chunk fills
+        # inside the second sequence, whose maps must keep their slot
+        ("d64_staging_chunks", dict(lengths_q=[4224, 4224, 3000, 100],
+                                    lengths_k=[4224, 4224, 3000, 100], heads_q=16, heads_kv=4,
+                                    head_dim=64))):
     case(f"gpu_varlen_equals_dense_calls_{name}", gpu_varlen_equals_dense_calls,
          **dict(dict(dtype="bf16"), **cfg))
 
@@ -304,7 +309,11 @@ for name, cfg in (
         ("d64_seqused_k", dict(lengths_q=[200, 17, 513, 40], lengths_k=[100, 300, 513, 9],
                                used_k=[100, 250, 400, 0], head_dim=64)),
         ("d256_window", dict(lengths_q=[100, 257, 40], lengths_k=[300, 257, 90], head_dim=256,
-                             window=(60, 20)))):
+                             window=(60, 20))),
+        # 313 key blocks a long sequence: the staging chunk fills inside the second
+        ("d64_staging_chunks", dict(lengths_q=[40000, 40000, 300],
+                                    lengths_k=[40000, 40000, 300], heads_q=2, heads_kv=1,
+                                    head_dim=64))):
     case(f"gpu_varlen_backward_equals_dense_calls_{name}", gpu_varlen_backward_equals_dense_calls,
          **dict(dict(dtype="bf16"), **cfg))
 

@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, demo, then the benchmark.
 # Logs go to $OUT (the device tool's folder) or /tmp/flashattn-device.
 # Usage: [TEST_PART=k/n] [TOOL=memcheck|...] [EXCLUDE=regex] bash bench/device_run.sh
-#        [tests|bench|fp8|varlen|ring|sanitize|all] [bench args...]
+#        [tests|bench|fp8|varlen|paged|ring|sanitize|all] [bench args...]
 set -uo pipefail
 out=${OUT:-/tmp/flashattn-device}
 mkdir -p "$out"
@@ -14,13 +14,13 @@ export FA_COMMIT=${FA_COMMIT:-unknown}
 nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,power.draw --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 # NO_BUILD=1: the libraries came built (carried); only the CPU ones are made here.
-# The varlen mode builds the default test library alone (and the A/B shims
-# of build/rev/main and build/rev/vl where staged: rev_variant.sh).
+# The varlen and paged modes build the default test library alone (and the
+# A/B shims of build/rev/main and build/rev/vl where staged: rev_variant.sh).
 cpu_libs=$(make -s -p -n 2>/dev/null | sed -n 's/^CPU_LIBS := //p' | head -1)
 targets="all bench-libs"
-[ "$what" = varlen ] && targets="build/libflashattn_cuda_test.so $cpu_libs"
+[ "$what" = varlen ] || [ "$what" = paged ] && targets="build/libflashattn_cuda_test.so $cpu_libs"
 [ -n "${NO_BUILD:-}" ] && targets=$cpu_libs
-if [ "$what" = varlen ] && [ -d build/rev/main ] && [ -d build/rev/vl ]; then
+if [ "$what" = varlen ] || [ "$what" = paged ] && [ -d build/rev/main ] && [ -d build/rev/vl ]; then
     for n in main vl; do bash bench/rev_variant.sh build $n 128 >"$out/rev_$n.log" 2>&1 & done
 fi
 if ! make -j14 $targets >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
@@ -71,6 +71,19 @@ if [ "$what" = varlen ]; then
         timeout 80 python3 bench/ab_gpu.py --bwd "128,8192,0;128,2048,0;128,4096,1" $ab 2>&1 | tail -4
         timeout 60 python3 bench/ab_quantize.py $ab 2>&1 | tail -9
     fi
+fi
+if [ "$what" = paged ]; then
+    # the paged and varlen GPU tests, then prefill chunks over pages of 128
+    # and 256 beside contiguous K/V (and beside main's build where staged:
+    # its dense and paged columns), then main's dense FA3 forward beside ours
+    timeout 240 python3 tests/run_tests.py gpu_paged gpu_varlen >"$out/test_paged.log" 2>&1
+    grep -v "^PASS" "$out/test_paged.log" | tail -40
+    extra=; [ -f build/rev_main_d128.so ] && extra="--extra main=build/rev_main_d128.so"
+    timeout 200 python3 bench/bench_decode.py --paged 128,256 $extra --out "$out" \
+        --rows "1,8192,512,128;4,16384,2048,128;1,32768,1024,128;8,4096,256,128" 2>&1 | tail -8
+    [ -f build/rev_vl_d128.so ] && timeout 80 python3 bench/ab_gpu.py \
+        "128,8192,0;128,4096,1;128,1024,0" main=build/rev_main_d128.so vl=build/rev_vl_d128.so \
+        2>&1 | tail -4
 fi
 if [ "$what" = ring ]; then  # the ring example, a rank per GPU here (args: sequence lengths)
     cmd=$(head -1 examples/ring_attention.cu | sed 's|^/\* Build: ||; s| \*/$||; s|-o ring_attention|-o build/ring_attention|')

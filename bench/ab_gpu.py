@@ -7,11 +7,13 @@ back) so that clock and power drift land on every build alike
 checked against PyTorch's flash backend before timing; --timing-only prints
 each error instead, for builds with parts taken out on purpose (forward only).
 
-Usage: python3 bench/ab_gpu.py [--bwd | --bwd-det | --timing-only] "d,n,causal[,fp16];..." NAME=path/to/shim.so ...
+Usage: python3 bench/ab_gpu.py [--bwd | --bwd-det | --timing-only] "d[/dv],n,causal[,fp16];..." NAME=path/to/shim.so ...
 The first build is the reference; ratios are to it. The peer is cuDNN's
 forward, or with --bwd PyTorch flash's backward (builds with FA_SM90=0 time
 the FA2 backward; --bwd-det times the deterministic mode). Sweep shapes as in
-bench_gpu.py (B = 16384 / n, H = 2048 / d), bf16 unless a shape says fp16."""
+bench_gpu.py (B = 16384 / n, H = 2048 / d), bf16 unless a shape says fp16;
+d/dv gives V (and O) a head dim of its own (forward only; FLOPs 2 (d + dv)
+per query-key pair; checked against cuDNN's or PyTorch's math backend)."""
 import os
 import statistics
 import sys
@@ -35,19 +37,26 @@ def main():
     det = int(args[0] == "--bwd-det")
     timing_only = args[0] == "--timing-only"
     args = args[1:] if bwd or timing_only else args
-    configs = [tuple(int(x) for x in c.split(",")[:3]) + tuple(c.split(",")[3:4] or ["bf16"])
-               for c in args[0].split(";")]
+    configs = []
+    for c in args[0].split(";"):
+        f = c.split(",")
+        d, _, d_v = f[0].partition("/")
+        configs.append((int(d), int(d_v or d), int(f[1]), int(f[2]), (f[3:4] or ["bf16"])[0]))
     builds = [(spec.split("=")[0], fa.load_gpu(os.path.abspath(spec.split("=")[1])))
               for spec in args[1:]]
-    for d, n, causal, dtype in configs:
+    for d, d_v, n, causal, dtype in configs:
         causal = bool(causal)
+        assert not bwd or d_v == d, "a V head dim of its own: forward only"
         b, h = max(1, 16384 // n), 2048 // d
         tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-        q, k, v, dout = (torch.randn(b, n, h, d, device="cuda", dtype=tdt) for _ in range(4))
-        o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+        q, k = (torch.randn(b, n, h, d, device="cuda", dtype=tdt) for _ in range(2))
+        v, dout = (torch.randn(b, n, h, d_v, device="cuda", dtype=tdt) for _ in range(2))
+        o, dv = torch.empty_like(v), torch.empty_like(v)
+        dq, dk = torch.empty_like(q), torch.empty_like(q)
         lse = torch.empty(b, h, n, device="cuda", dtype=torch.float32)
         flash = bg.peer(SDPBackend.FLASH_ATTENTION, q, k, v, dout, causal)
-        ref = flash[2].float()
+        ref = (flash or bg.peer(SDPBackend.CUDNN_ATTENTION, q, k, v, dout, causal) or
+               bg.peer(SDPBackend.MATH, q, k, v, dout, causal))[2].float()
         if bwd:
             qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
             with bg.sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -84,9 +93,10 @@ def main():
             if cudnn:
                 fns["cudnn"] = cudnn[0]
         times = bg.alternating_ms(fns, ROUNDS, REPS, WARM_S)
-        flops = 4.0 * b * h * n * n * d / (2 if causal else 1) * (2.5 if bwd else 1)
+        flops = 2.0 * b * h * n * n * (d + d_v) / (2 if causal else 1) * (2.5 if bwd else 1)
         first = statistics.median(next(iter(times.values())))
-        line = f"d{d} N{n} causal{int(causal)}" + ("" if dtype == "bf16" else f" {dtype}") + ":"
+        line = (f"d{d}" + ("" if d_v == d else f"/{d_v}") + f" N{n} causal{int(causal)}" +
+                ("" if dtype == "bf16" else f" {dtype}") + ":")
         for name, ts in times.items():
             m = statistics.median(ts)
             line += (f" {name} {flops / m / 1e9:.0f} ({first / m:.3f},"

@@ -106,7 +106,7 @@ class Ours:
         p = fa.Params()
         p.dtype = fa.DTYPES[dtype]
         p.batch, p.seqlen_q, p.heads_q, p.head_dim = q.shape
-        p.heads_kv, p.seqlen_k = k.shape[2], k.shape[1]
+        p.heads_kv, p.seqlen_k, p.head_dim_v = k.shape[2], k.shape[1], v.shape[3]
         p.causal = int(causal)
         for name, t in dict(q=q, k=k, v=v, o=o, dout=dout, dq=dq, dk=dk, dv=dv).items():
             setattr(p, name, t.data_ptr())

@@ -22,6 +22,9 @@ targets="all bench-libs"
 [ -n "${NO_BUILD:-}" ] && targets=$cpu_libs
 if [ "$what" = varlen ] || [ "$what" = paged ] && [ -d build/rev/main ] && [ -d build/rev/vl ]; then
     for n in main vl; do bash bench/rev_variant.sh build $n 128 >"$out/rev_$n.log" 2>&1 & done
+    if [ "$what" = paged ]; then  # the tile of 256 too (V head dims of their own)
+        for n in main vl; do bash bench/rev_variant.sh build $n 256 >"$out/rev_${n}_256.log" 2>&1 & done
+    fi
 fi
 if ! make -j14 $targets >"$out/build.log" 2>&1; then tail -40 "$out/build.log"; exit 1; fi
 wait
@@ -73,10 +76,12 @@ if [ "$what" = varlen ]; then
     fi
 fi
 if [ "$what" = paged ]; then
-    # the paged and varlen GPU tests, then prefill chunks over pages of 128
-    # and 256 beside contiguous K/V (and beside main's build where staged:
-    # its dense and paged columns), then main's dense FA3 forward beside ours
-    timeout 240 python3 tests/run_tests.py gpu_paged gpu_varlen >"$out/test_paged.log" 2>&1
+    # the paged, varlen, quantizer and head-dim GPU tests, then prefill
+    # chunks over pages of 128 and 256 beside contiguous K/V (and beside
+    # main's build where staged: its dense and paged columns), then main's
+    # FA3 forward (tiles of 128 and 256) and quantizer beside vl's
+    timeout 240 python3 tests/run_tests.py gpu_paged gpu_varlen gpu_fp8_quantize \
+        gpu_fwd_head_dim_v gpu_fwd_between >"$out/test_paged.log" 2>&1
     grep -v "^PASS" "$out/test_paged.log" | tail -40
     extra=; [ -f build/rev_main_d128.so ] && extra="--extra main=build/rev_main_d128.so"
     timeout 200 python3 bench/bench_decode.py --paged 128,256 $extra --out "$out" \
@@ -84,6 +89,11 @@ if [ "$what" = paged ]; then
     [ -f build/rev_vl_d128.so ] && timeout 80 python3 bench/ab_gpu.py \
         "128,8192,0;128,4096,1;128,1024,0" main=build/rev_main_d128.so vl=build/rev_vl_d128.so \
         2>&1 | tail -4
+    [ -f build/rev_vl_d256.so ] && timeout 90 python3 bench/ab_gpu.py \
+        "192/128,4096,0;192/128,8192,1;160,8192,0;256,8192,0" main=build/rev_main_d256.so \
+        vl=build/rev_vl_d256.so 2>&1 | tail -4
+    [ -f build/rev_vl_d128.so ] && timeout 60 python3 bench/ab_quantize.py \
+        main=build/rev_main_d128.so vl=build/rev_vl_d128.so 2>&1 | tail -9
 fi
 if [ "$what" = ring ]; then  # the ring example, a rank per GPU here (args: sequence lengths)
     cmd=$(head -1 examples/ring_attention.cu | sed 's|^/\* Build: ||; s| \*/$||; s|-o ring_attention|-o build/ring_attention|')

@@ -77,15 +77,16 @@ if [ "$what" = varlen ]; then
 fi
 if [ "$what" = paged ]; then
     # the paged, varlen, quantizer and head-dim GPU tests, then prefill
-    # chunks over pages of 128 and 256 beside contiguous K/V (and beside
+    # chunks and decode over pages of 64, 128, 256 beside contiguous K/V (and beside
     # main's build where staged: its dense and paged columns), then main's
     # FA3 forward (tiles of 128 and 256) and quantizer beside vl's
     timeout 240 python3 tests/run_tests.py gpu_paged gpu_varlen gpu_fp8_quantize \
         gpu_fwd_head_dim_v gpu_fwd_between >"$out/test_paged.log" 2>&1
     grep -v "^PASS" "$out/test_paged.log" | tail -40
     extra=; [ -f build/rev_main_d128.so ] && extra="--extra main=build/rev_main_d128.so"
-    timeout 200 python3 bench/bench_decode.py --paged 128,256 $extra --out "$out" \
-        --rows "1,8192,512,128;4,16384,2048,128;1,32768,1024,128;8,4096,256,128" 2>&1 | tail -8
+    timeout 240 python3 bench/bench_decode.py --paged 64,128,256 $extra --out "$out" \
+        --rows "1,8192,512,128;4,16384,2048,128;1,32768,1024,128;1,131072,1,128;1,32768,16,128;8,32768,16,128" \
+        2>&1 | tail -10
     [ -f build/rev_vl_d128.so ] && timeout 80 python3 bench/ab_gpu.py \
         "128,8192,0;128,4096,1;128,1024,0" main=build/rev_main_d128.so vl=build/rev_vl_d128.so \
         2>&1 | tail -4

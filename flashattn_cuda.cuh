@@ -4437,8 +4437,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_dq)(float *acc, u
    problem (lengths and bottom-right positions, dK and dV from its first
    key) in *v, *maps the tensor maps its rows are in (batch coordinate 0).
    Looked up where used, not held in registers over the kernel. The dense
-   instance reads p and args as they are: the view costs the dense
-   backward 2-4% where it is a run-time choice (DESIGN.md, ragged batches). */
+   instance reads p and args as they are: the view as a run-time choice
+   slowed the dense backward (DESIGN.md, ragged batches). */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_view)(
     const fa_params *p, const fa_i_fa3_bwd_args *args, fa_params *v, const fa_i_fa3_bwd_args **maps)
 {

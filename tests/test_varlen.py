@@ -245,10 +245,12 @@ def gpu_varlen_equals_dense_calls(**cfg):
     return f"{compared} sequences bit for bit"
 
 
+# empty, single-row and tile-edge sequences, causal, GQA: both directions' first case
+RAGGED_CAUSAL_GQA = dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
+                         lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True, heads_q=6,
+                         heads_kv=2, head_dim=128)
 for name, cfg in (
-        ("d128_causal_gqa", dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
-                                 lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True,
-                                 heads_q=6, heads_kv=2, head_dim=128)),
+        ("d128_causal_gqa", RAGGED_CAUSAL_GQA),
         ("d64_window_softcap", dict(lengths_q=[200, 17, 513], lengths_k=[100, 300, 513],
                                     window=(64, 0), softcap=20.0, head_dim=64)),
         ("d256_seqused_k", dict(lengths_q=[100, 257, 40], lengths_k=[300, 257, 90],
@@ -303,9 +305,7 @@ def gpu_varlen_backward_equals_dense_calls(**cfg):
 
 
 for name, cfg in (
-        ("d128_causal_gqa", dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
-                                 lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True,
-                                 heads_q=6, heads_kv=2, head_dim=128)),
+        ("d128_causal_gqa", RAGGED_CAUSAL_GQA),
         ("d64_seqused_k", dict(lengths_q=[200, 17, 513, 40], lengths_k=[100, 300, 513, 9],
                                used_k=[100, 250, 400, 0], head_dim=64)),
         ("d256_window", dict(lengths_q=[100, 257, 40], lengths_k=[300, 257, 90], head_dim=256,

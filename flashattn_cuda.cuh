@@ -1246,6 +1246,15 @@ static __device__ __forceinline__ void fa_i_stsm_x4(uint32_t addr, const uint32_
    no P above it; the warp keeps them when every thread's sums do. */
 #define FA_I_SPEC_SUM_MAX 256.0f
 
+/* The r-th of a head's blocks_m query blocks in the FA3 forward's
+   schedule: in order, or under causal masking M-1, 0, M-2, 1, ... (every
+   pair one heavy and one light block: fa_i_fa3_tile). */
+static __host__ __device__ __forceinline__ int fa_i_fa3_block_order(int causal, int r,
+                                                                    int blocks_m)
+{
+    return !causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
+}
+
 /* Of a grid of (blocks, heads, batch) CTAs whose blocks differ in work
    (causal masking): this CTA's rank among its head's blocks (0 starts
    first), head and batch. Blocks start roughly in launch order (x
@@ -2035,7 +2044,7 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, const fa
         *h = (int)(hb % p->heads_q);
         *b = (int)(hb / p->heads_q);
     }
-    *mb = !p->causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
+    *mb = fa_i_fa3_block_order(p->causal, r, blocks_m);
     return 1;
 }
 
@@ -4432,6 +4441,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_dq)(float *acc, u
 #endif
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
+/* Varlen: the schedule's index of the CTA's sequence (grid x: its key blocks). */
+#define FA_I_BWD_SEQ_INDEX(args) ((args).key_blocks[blockIdx.x].x)
 #if FA_I_BWD_VARLEN
 /* The varlen instance (fa_i_bwd_fa3_<dt>_d<d>_varlen): the CTA's sequence's
    problem (lengths and bottom-right positions, dK and dV from its first
@@ -4443,7 +4454,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_view)(
     const fa_params *p, const fa_i_fa3_bwd_args *args, fa_params *v, const fa_i_fa3_bwd_args **maps)
 {
     const int64_t es = 2; /* 16-bit gradients */
-    const int s = args->key_blocks[blockIdx.x].x;
+    const int s = FA_I_BWD_SEQ_INDEX(*args);
     const fa_i_fa3_seq *e = args->seqs + s;
     *v = *p;
     v->seqlen_q = e->nq;
@@ -4460,8 +4471,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_view)(
 /* the row facts of (head h, first row r0) into buffer i: LSE and D [Hq, total_q] */
 #define FA_I_BWD_FA3_ROW_FACTS(h, r0, i, tid, nthreads)                                     \
     fa_i_bwd_row_facts_at(&v, p.lse, args.a.dsum,                                         \
-                          (int64_t)(h) * args.total_q +                                   \
-                              args.seqs[args.key_blocks[blockIdx.x].x].q0,                \
+                          (int64_t)(h) * args.total_q + args.seqs[FA_I_BWD_SEQ_INDEX(args)].q0, \
                           r0, slse[i], sdsum[i], slo[i], shi[i], BM, tid, nthreads)
 #else
 #define FA_I_BWD_FA3_NAME FA_I_KNAME(fa_i_bwd_fa3)
@@ -4675,7 +4685,7 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_proxy_async();
         fa_i_named_sync(1 + w, 128);
         if (t == 0) { /* d = 64: its keys' share of the block, else its columns */
-            const int acc0 = FA_I_BWD_VARLEN ? args.seqs[args.key_blocks[blockIdx.x].x].acc0 : 0;
+            const int acc0 = FA_I_BWD_VARLEN ? args.seqs[FA_I_BWD_SEQ_INDEX(args)].acc0 : 0;
             fa_i_bulk_add_f32(args.a.dq_acc +
                                   (((int64_t)b * p.heads_q + h) * q_blocks + acc0 + r0 / BM) *
                                       BM * D +
@@ -4710,6 +4720,7 @@ static __global__ void __launch_bounds__(256, 1)
 #undef FA_I_BWD_MAPS
 #undef FA_I_BWD_VIEW
 #undef FA_I_BWD_FA3_ROW_FACTS
+#undef FA_I_BWD_SEQ_INDEX
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #undef FA_I_WGMMA_NT
 #undef FA_I_WGMMA_DKV
@@ -6112,6 +6123,11 @@ static int fa_i_varlen_class(const fa_params *p, int b)
     return c;
 }
 
+/* A sequence's 64-row blocks in the varlen backward's dQ accumulator: its
+   nq rows from a multiple of 128 (a 64-row block is one sequence's, in the
+   MMA order fa_i_bwd_postprocess reads). */
+static int fa_i_varlen_acc_blocks(int nq) { return (nq + 127) / 128 * 2; }
+
 /* The workspace a one-launch call needs: the maps (map_bytes a sequence,
    64-byte aligned), entries and items. */
 static size_t fa_i_varlen_bytes(int seqs, int64_t items, size_t map_bytes)
@@ -6263,9 +6279,8 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
                     if ((s = fa_i_varlen_item(
                              &st, fa_i_varlen_current(&st),
                              (int)((uint32_t)h << 16 |
-                                   (uint32_t)(!p->causal ? r
-                                              : (r & 1)  ? r >> 1
-                                                         : blocks_m - 1 - (r >> 1))))) != FA_OK)
+                                   (uint32_t)fa_i_fa3_block_order(p->causal, r, blocks_m)))) !=
+                        FA_OK)
                         return s;
             if ((s = fa_i_varlen_next(&st, p, b, 0)) != FA_OK) return s;
         }
@@ -6286,9 +6301,8 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
    as the LSE), the dQ accumulator zeroed, then the kernel over every
    sequence's key blocks (items {sequence, first key}, grid x) and each kv
    head (grid y), then the postprocess. The accumulator holds each head's
-   sequences one after another, each from a multiple of 128 rows (so a
-   64-row block is one sequence's, in the MMA order fa_i_bwd_postprocess
-   reads), with acc_rows (more items) mapping its blocks back. */
+   sequences one after another (fa_i_varlen_acc_blocks), with acc_rows (more
+   items) mapping its blocks back. */
 static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, int total_q,
                                      int *taken)
 {
@@ -6315,7 +6329,7 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
         if (!nq || !nk) continue;
         ++seqs;
         key_blocks += fa_i_blocks(nk, k->keys);
-        acc_blocks += (nq + 127) / 128 * 2;
+        acc_blocks += fa_i_varlen_acc_blocks(nq);
     }
     if (key_blocks > 0x7fffffff || acc_blocks * 64 > 0x7fffffff) return FA_OK;
     dsum_bytes = fa_i_round4((size_t)p->heads_q * total_q) * sizeof(float);
@@ -6337,13 +6351,13 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
             for (r = 0; r < nk; r += k->keys)
                 if ((s = fa_i_varlen_item(&st, fa_i_varlen_current(&st), r)) != FA_OK) return s;
             if ((s = fa_i_varlen_next(&st, p, b, acc0)) != FA_OK) return s;
-            acc0 += (nq + 127) / 128 * 2;
+            acc0 += fa_i_varlen_acc_blocks(nq);
         }
     for (c = 62; c >= 0; --c) /* then the accumulator's blocks, in the same order */
         for (b = 0; b < p->batch; ++b) {
             if (fa_i_varlen_class(p, b) != c) continue;
             fa_i_varlen_sequence(p, b, &nq, &nk);
-            for (r = 0; r < (nq + 127) / 128 * 128; r += 64)
+            for (r = 0; r < 64 * fa_i_varlen_acc_blocks(nq); r += 64)
                 if ((s = fa_i_varlen_item(&st, p->cu_seqlens_q[b] + r, nq - r)) != FA_OK)
                     return s;
         }

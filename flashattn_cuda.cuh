@@ -622,27 +622,35 @@ typedef struct fa_i_grad_out {
 } fa_i_grad_out;
 
 #if FA_I_SM90
-/* A ragged batch in one launch of an FA3 kernel (varlen): sequence s of the
-   schedule (the host orders them by their work, largest first). */
+/* A ragged batch (varlen) or a paged cache's sequences in one launch of an
+   FA3 kernel: sequence s of the schedule (the host orders them by their
+   work, largest first). */
 typedef struct fa_i_fa3_seq {
     int nq, nk; /* its queries, the keys it uses */
     int q0, k0; /* its first rows in the packed tensors */
     int acc0;   /* backward: its first 64-row block in each head's dQ accumulator */
-    int pad[3];
+    int pad;
+    int64_t lse0;   /* forward: its LSE rows, lse0 + h lse_head + r */
+    int64_t pages0; /* paged: its row of the block table, b max_pages */
 } fa_i_fa3_seq;
 
 /* The FA3 forward's tensor maps {d, seq, head, batch}; each box is 64
    elements (128 bytes, one swizzle row) of the head dim by a tile's rows.
-   Varlen: every tile, {sequence, head << 16 | query block} in schedule
-   order, and per sequence its entry and its own maps (batch 1, its rows
-   only, so the TMA zero-fills keys past nk and drops O rows past nq), all
-   in the workspace; NULL for a dense problem. */
+   By sequence (varlen, paged): every tile, {sequence, head << 16 | query
+   block} in schedule order, and per sequence its entry and its own maps
+   (batch 1, its rows only, so the TMA zero-fills keys past nk and drops O
+   rows past nq), all in the workspace; NULL for a dense problem. Paged:
+   k and v map the whole cache {d, row in page, head, page}, a sequence's
+   own k and v only its last page's rows up to its last key. */
 typedef struct fa_i_tma_maps {
     CUtensorMap q, k, v, o;
     const struct fa_i_tma_maps *seq_maps;
     const fa_i_fa3_seq *seqs;
     const int2 *tiles;
-    int num_tiles, total_q;
+    int num_tiles;
+    int lse_head;         /* by sequence: the LSE's head stride */
+    const int32_t *pages; /* paged: the block table (the workspace's copy), else NULL */
+    int page_shift;       /* paged: log2 of the page size, a multiple of the key tile */
 } fa_i_tma_maps;
 
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
@@ -2068,13 +2076,34 @@ static __device__ __forceinline__ const fa_i_tma_maps *fa_i_fa3_rows(const fa_pa
     return maps->seq_maps + b;
 }
 
-/* The tile's LSE rows: [B, Hq, Nq], or with varlen [Hq, total_q] from the
-   sequence's first row. */
+/* The tile's LSE rows: [B, Hq, Nq], or by sequence where its entry says
+   (varlen: [Hq, total_q] from the sequence's first row). */
 static __device__ __forceinline__ float *fa_i_fa3_lse_rows(const fa_params *p,
                                                            const fa_i_tma_maps *maps, int b, int h)
 {
-    return maps->seqs ? p->lse + (int64_t)h * maps->total_q + maps->seqs[b].q0
+    return maps->seqs ? p->lse + (int64_t)h * maps->lse_head + maps->seqs[b].lse0
                       : p->lse + ((int64_t)b * p->heads_q + h) * p->seqlen_q;
+}
+
+/* Paged: where the key tile at *row of schedule sequence b (nk keys) is. In
+   a page before the sequence's last, the cache's maps (*maps: row in page,
+   the page as batch) at the block table's page; in the last, the
+   sequence's own maps (*m, batch 0: that page's rows up to key nk - 1, so
+   the TMA zero-fills the tile past them). A tile never spans two pages
+   (the host's condition); the entry is loaded before the producer's wait
+   for the stage, under which its latency passes. */
+static __device__ __forceinline__ void fa_i_fa3_page(const fa_i_tma_maps *maps, int b, int nk,
+                                                     const fa_i_tma_maps **m, int *row, int *batch)
+{
+    const int shift = maps->page_shift, last = (nk - 1) >> shift << shift;
+    if (*row >= last) {
+        *row -= last;
+        *batch = 0;
+        return;
+    }
+    *batch = maps->pages[maps->seqs[b].pages0 + (*row >> shift)];
+    *row &= (1 << shift) - 1;
+    *m = maps;
 }
 
 /* A tensor map the host copied into the workspace: the tensormap proxy
@@ -2504,11 +2533,16 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
             const int st = r.stage, o_there = (staged >> st) & 1;
+            /* where the keys are: (m, row n BN, batch mapb), or a page's
+               (not FP8's: dense only, and its producer has no registers to spare) */
+            const fa_i_tma_maps *km = m;
+            int krow = n * BN, kb = mapb;
+            if (!FA_I_FP8 && maps->pages) fa_i_fa3_page(maps, b, view.seqlen_k, &km, &krow, &kb);
             fa_i_mbar_wait(L->k_empty + 8 * st, r.phase ^ 1);
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
             fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
             for (c = 0; c < CHUNKS; ++c)
-                fa_i_tma_load(L->sk + st * TILE + c * BN * RB, &m->k, CE * c, n * BN, hk, mapb,
+                fa_i_tma_load(L->sk + st * TILE + c * BN * RB, &km->k, CE * c, krow, hk, kb,
                               L->k_full + 8 * st, reused);
             fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
             if (o_there) {
@@ -2520,8 +2554,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
                 const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
                 fa_i_mbar_expect_tx(full, TILE);
                 for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(FA_I_FA3_V_IN(L) + st * TILE + c * BN * RB, &m->v, CE * c,
-                                  n * BN, hk, mapb, full, reused);
+                    fa_i_tma_load(FA_I_FA3_V_IN(L) + st * TILE + c * BN * RB, &km->v, CE * c,
+                                  krow, hk, kb, full, reused);
             }
         }
         if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
@@ -6112,15 +6146,29 @@ typedef struct fa_i_varlen_stage {
     cudaStream_t stream;
 } fa_i_varlen_stage;
 
-/* The power of two of a sequence's work, or -1 where it has none. */
-static int fa_i_varlen_class(const fa_params *p, int b)
+/* The power of two of a sequence's work (nq nk), or -1 where it has none. */
+static int fa_i_work_class(int nq, int nk)
 {
-    int nq, nk, c = 0;
+    int c = 0;
     int64_t work;
-    fa_i_varlen_sequence(p, b, &nq, &nk);
     if (!nq || !nk) return -1;
     for (work = (int64_t)nq * nk; work > 1; work >>= 1) ++c;
     return c;
+}
+
+/* The same for sequence b of a ragged batch p. */
+static int fa_i_varlen_class(const fa_params *p, int b)
+{
+    int nq, nk;
+    fa_i_varlen_sequence(p, b, &nq, &nk);
+    return fa_i_work_class(nq, nk);
+}
+
+/* A forward tile's item: head h and the r-th of its blocks_m query blocks
+   in the schedule's order. */
+static int fa_i_fa3_tile_item(int h, int r, int blocks_m, int causal)
+{
+    return (int)((uint32_t)h << 16 | (uint32_t)fa_i_fa3_block_order(causal, r, blocks_m));
 }
 
 /* A sequence's 64-row blocks in the varlen backward's dQ accumulator: its
@@ -6187,14 +6235,27 @@ static fa_status fa_i_varlen_item(fa_i_varlen_stage *st, int x, int y)
 /* The schedule's index of the sequence being staged. */
 static int fa_i_varlen_current(const fa_i_varlen_stage *st) { return st->seqs_done + st->n_seqs; }
 
-/* The next sequence's entry staged (its maps are in place), sequence b of p. */
-static fa_status fa_i_varlen_next(fa_i_varlen_stage *st, const fa_params *p, int b, int acc0)
+/* The entry of the sequence being staged (its maps go at the same index). */
+static fa_i_fa3_seq *fa_i_varlen_entry(fa_i_varlen_stage *st)
 {
     fa_i_fa3_seq *e = &st->seqs[st->n_seqs];
     memset(e, 0, sizeof *e);
-    fa_i_varlen_sequence(p, b, &e->nq, &e->nk);
-    e->q0 = p->cu_seqlens_q[b], e->k0 = p->cu_seqlens_k[b], e->acc0 = acc0;
+    return e;
+}
+
+/* The sequence staged: its maps, items and entry are in. */
+static fa_status fa_i_varlen_push(fa_i_varlen_stage *st)
+{
     return ++st->n_seqs == FA_I_VARLEN_SEQS ? fa_i_varlen_flush_seqs(st) : FA_OK;
+}
+
+/* The same for sequence b of a ragged batch p. */
+static fa_status fa_i_varlen_next(fa_i_varlen_stage *st, const fa_params *p, int b, int acc0)
+{
+    fa_i_fa3_seq *e = fa_i_varlen_entry(st);
+    fa_i_varlen_sequence(p, b, &e->nq, &e->nk);
+    e->q0 = p->cu_seqlens_q[b], e->k0 = p->cu_seqlens_k[b], e->acc0 = acc0, e->lse0 = e->q0;
+    return fa_i_varlen_push(st);
 }
 
 /* Whether a one-launch varlen call may run: the stream is not capturing
@@ -6276,10 +6337,8 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
             blocks_m = fa_i_blocks(nq, k->rows);
             for (h = 0; h < p->heads_q; ++h)
                 for (r = 0; r < blocks_m; ++r)
-                    if ((s = fa_i_varlen_item(
-                             &st, fa_i_varlen_current(&st),
-                             (int)((uint32_t)h << 16 |
-                                   (uint32_t)fa_i_fa3_block_order(p->causal, r, blocks_m)))) !=
+                    if ((s = fa_i_varlen_item(&st, fa_i_varlen_current(&st),
+                                              fa_i_fa3_tile_item(h, r, blocks_m, p->causal))) !=
                         FA_OK)
                         return s;
             if ((s = fa_i_varlen_next(&st, p, b, 0)) != FA_OK) return s;
@@ -6290,7 +6349,7 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
     run.lse = p->lse;
     memset(&maps, 0, sizeof maps);
     maps.seq_maps = (const fa_i_tma_maps *)st.dev_maps, maps.seqs = st.dev_seqs;
-    maps.tiles = st.dev_items, maps.num_tiles = (int)tiles, maps.total_q = total_q;
+    maps.tiles = st.dev_items, maps.num_tiles = (int)tiles, maps.lse_head = total_q;
     *taken = 1;
     return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(tiles, &dev)), k->threads, k->smem, call->stream,
                        &run, &maps);
@@ -6548,6 +6607,137 @@ static fa_status fa_i_page_copy(const fa_params *p, int k_or_v, const int32_t *t
                        NULL);
 }
 
+/* Sequence b of a paged p without keys: O = 0, LSE = -inf. */
+static fa_status fa_i_paged_no_keys(const fa_params *p, int b, cudaStream_t stream)
+{
+    fa_layout lse_l;
+    fa_status s = fa_i_fill((char *)p->o + b * p->o_layout.batch * (int64_t)fa_dtype_size(p->o_dtype),
+                            &p->o_layout, p->seqlen_q, p->heads_q, p->head_dim_v, p->o_dtype, 0.0f,
+                            stream);
+    lse_l.batch = 0, lse_l.head = p->seqlen_q, lse_l.seq = 1;
+    if (s == FA_OK && p->lse)
+        s = fa_i_fill(p->lse + (int64_t)b * p->heads_q * p->seqlen_q, &lse_l, p->seqlen_q,
+                      p->heads_q, 1, FA_DTYPE_F32, -INFINITY, stream);
+    return s;
+}
+
+#if FA_I_SM90
+/* The FA3 forward kernel that reads p's pages in place, or NULL: 16-bit
+   K/V, a power-of-two page size that its key tile divides (so no tile
+   spans two pages), runnable here. The variant fa_i_fa3_pick gives, else
+   t0 where only its tile divides the page. */
+static const fa_i_kernel *fa_i_paged_fa3_kernel(const fa_params *p, const fa_i_kernels *ks,
+                                                const fa_i_device *dev)
+{
+    const fa_i_kernel *k = fa_i_fa3_pick(p, ks);
+    if (p->dtype == FA_DTYPE_FP8_E4M3 || (p->page_size & (p->page_size - 1))) return NULL;
+    if (!k->fn || p->page_size % k->keys) k = &ks->fa3_fwd[0];
+    return k->fn && p->page_size % k->keys == 0 && fa_i_fa3_compiled(k->fn, k->smem, dev) ? k
+                                                                                          : NULL;
+}
+
+/* Its workspace (after the tables): every sequence's maps and entry, every tile. */
+static size_t fa_i_paged_fa3_bytes(const fa_params *p, const fa_i_kernel *k)
+{
+    return fa_i_varlen_bytes(p->batch,
+                             (int64_t)p->batch * p->heads_q * fa_i_blocks(p->seqlen_q, k->rows),
+                             sizeof(fa_i_tma_maps));
+}
+
+/* Sequence b of a paged p (nk keys) as its own FA3 maps see it: batch 1, its
+   Q and O rows, and as K and V the rows of its last page up to key nk - 1
+   (that page from key *last). */
+static fa_params fa_i_paged_tail(const fa_params *p, int b, int nk, int *last)
+{
+    fa_params s = *p;
+    const int64_t es = (int64_t)fa_dtype_size(p->dtype), oes = (int64_t)fa_dtype_size(p->o_dtype);
+    int64_t page;
+    *last = (nk - 1) / p->page_size * p->page_size;
+    page = p->block_table[(int64_t)b * p->max_pages + *last / p->page_size];
+    s.batch = 1, s.seqlen_k = nk - *last, s.positions = 0;
+    s.q = (const char *)p->q + b * p->q_layout.batch * es;
+    s.o = (char *)p->o + b * p->o_layout.batch * oes;
+    s.k = (const char *)p->k + page * p->k_layout.batch * es;
+    s.v = (const char *)p->v + page * p->v_layout.batch * es;
+    s.block_table = NULL, s.cache_seqlens = NULL;
+    s.k_new = s.v_new = NULL, s.seqlen_new = 0;
+    return s;
+}
+
+/* A paged prefill chunk in one launch of the FA3 forward k, reading the
+   pages in place (DESIGN.md, paged caches): the varlen schedule's staging
+   (sequences by the power of two of their keys, most first; tiles one by
+   one), each sequence with its own Q, O and last-page maps and an entry
+   whose LSE rows are its dense ones ([B, Hq, Nq]) and pages0 its row of
+   the block table (table_dev, the workspace's copy); the kernel's own k
+   and v map the whole cache page by page. ws: the workspace past the
+   tables, fa_i_paged_fa3_bytes long. Sequences without keys are filled
+   apart. *taken = 0 under stream capture (the schedule is copied from host
+   memory) or where the driver refuses a map: the caller gathers. */
+static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_seq_call *call,
+                                const int32_t *table_dev, void *ws, int *taken)
+{
+    fa_i_device dev;
+    fa_i_varlen_stage st;
+    fa_i_tma_maps maps;
+    fa_params run = *p, cache = *p, seq;
+    const int blocks_m = fa_i_blocks(p->seqlen_q, k->rows);
+    int b, c, h, r, seqs = 0, last;
+    cudaStreamCaptureStatus capture;
+    fa_status s;
+    *taken = 0;
+    for (b = 0; b < p->batch; ++b) seqs += p->cache_seqlens[b] + p->seqlen_new > 0;
+    if (fa_i_device_facts(&dev) != cudaSuccess || blocks_m > 0xffff ||
+        (int64_t)seqs * p->heads_q * blocks_m > 0x7fffffff ||
+        cudaStreamIsCapturing(call->stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone)
+        return FA_OK;
+    cache.batch = p->num_pages; /* {d, row in page, head, page} */
+    memset(&maps, 0, sizeof maps);
+    if (!fa_i_tma_map(&maps.k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim, p->page_size,
+                      p->heads_kv, k->keys) ||
+        !fa_i_tma_map(&maps.v, p->v, &p->v_layout, &cache, p->dtype, p->head_dim_v, p->page_size,
+                      p->heads_kv, k->keys))
+        return FA_OK;
+    fa_i_varlen_layout(&st, ws, seqs, sizeof(fa_i_tma_maps), call->stream);
+    for (c = 62; c >= 0; --c)
+        for (b = 0; b < p->batch; ++b) {
+            const int nk = p->cache_seqlens[b] + p->seqlen_new;
+            fa_i_fa3_seq *e;
+            if (fa_i_work_class(p->seqlen_q, nk) != c) continue;
+            seq = fa_i_paged_tail(p, b, nk, &last);
+            if (!fa_i_fa3_maps(&seq, k, &st.maps.fwd[st.n_seqs])) return FA_OK; /* gathered */
+            for (h = 0; h < p->heads_q; ++h)
+                for (r = 0; r < blocks_m; ++r)
+                    if ((s = fa_i_varlen_item(&st, fa_i_varlen_current(&st),
+                                              fa_i_fa3_tile_item(h, r, blocks_m, p->causal))) !=
+                        FA_OK)
+                        return s;
+            e = fa_i_varlen_entry(&st);
+            e->nq = p->seqlen_q, e->nk = nk;
+            e->lse0 = (int64_t)b * p->heads_q * p->seqlen_q;
+            e->pages0 = (int64_t)b * p->max_pages;
+            if ((s = fa_i_varlen_push(&st)) != FA_OK) return s;
+        }
+    if ((s = fa_i_varlen_flush_seqs(&st)) != FA_OK || (s = fa_i_varlen_flush_items(&st)) != FA_OK)
+        return s;
+    for (b = 0; b < p->batch; ++b)
+        if (p->cache_seqlens[b] + p->seqlen_new == 0 &&
+            (s = fa_i_paged_no_keys(p, b, call->stream)) != FA_OK)
+            return s;
+    *taken = 1;
+    if (!seqs) return FA_OK;
+    maps.seq_maps = (const fa_i_tma_maps *)st.dev_maps, maps.seqs = st.dev_seqs;
+    maps.tiles = st.dev_items, maps.num_tiles = seqs * p->heads_q * blocks_m;
+    maps.lse_head = p->seqlen_q;
+    maps.pages = table_dev;
+    while ((1 << maps.page_shift) < p->page_size) ++maps.page_shift;
+    run.block_table = NULL, run.cache_seqlens = NULL;
+    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(maps.num_tiles, &dev)), k->threads, k->smem,
+                       call->stream, &run, &maps);
+}
+#endif
+
 static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
 {
     fa_i_forward_plan plan;
@@ -6558,6 +6748,9 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     char *rest;
     int64_t es;
     int taken = 0, b;
+#if FA_I_SM90
+    const fa_i_kernel *fa3 = NULL; /* the FA3 forward that reads the pages in place */
+#endif
     fa_status s = fa_i_cuda_check(params, call->pass, call->deterministic, p, &plan.k, &dev);
     cudaError_t e;
     if (s != FA_OK) return s;
@@ -6572,11 +6765,14 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
             : call->workspace_size > table_bytes ? call->workspace_size - table_bytes : 0;
     plan.workspace = 0;
     if ((s = fa_i_plan_decode(&plan, &dev, avail, &taken)) != FA_OK) return s;
-    if (!taken) { /* a dense K and V of the longest sequence */
+    if (!taken) { /* a dense K and V of the longest sequence, or the in-place schedule */
         plan.workspace = (size_t)es * p->seqlen_k * p->heads_kv * (p->head_dim + p->head_dim_v);
 #if FA_I_SM90
-        plan.algorithm = fa_i_fa3_compiled(fa_i_fa3_pick(p, plan.k)->fn,
-                                           fa_i_fa3_pick(p, plan.k)->smem, &dev) ? 3 : 2;
+        fa3 = fa_i_paged_fa3_kernel(p, plan.k, &dev);
+        if (fa3 && fa_i_paged_fa3_bytes(p, fa3) > plan.workspace)
+            plan.workspace = fa_i_paged_fa3_bytes(p, fa3);
+        plan.algorithm = fa3 || fa_i_fa3_compiled(fa_i_fa3_pick(p, plan.k)->fn,
+                                                  fa_i_fa3_pick(p, plan.k)->smem, &dev) ? 3 : 2;
 #else
         plan.algorithm = 2;
 #endif
@@ -6606,6 +6802,10 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
         p->block_table = table_dev, p->cache_seqlens = seqlens_dev;
         return fa_i_run_decode(&plan, rest, call->stream);
     }
+#if FA_I_SM90
+    if (fa3 && ((s = fa_i_paged_fa3(p, fa3, call, table_dev, rest, &taken)) != FA_OK || taken))
+        return s;
+#endif
     for (b = 0; b < p->batch && s == FA_OK; ++b) {
         const int nk = p->cache_seqlens[b] + p->seqlen_new;
         fa_params seq = *p;
@@ -6613,14 +6813,8 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
         seq.q = (const char *)p->q + b * p->q_layout.batch * es;
         seq.o = (char *)p->o + b * p->o_layout.batch * (int64_t)fa_dtype_size(p->o_dtype);
         seq.lse = p->lse ? p->lse + (int64_t)b * p->heads_q * p->seqlen_q : NULL;
-        if (nk == 0) { /* no keys: O = 0, LSE = -inf */
-            fa_layout lse_l;
-            lse_l.batch = 0, lse_l.head = p->seqlen_q, lse_l.seq = 1;
-            s = fa_i_fill(seq.o, &p->o_layout, p->seqlen_q, p->heads_q, p->head_dim_v, p->o_dtype,
-                          0.0f, call->stream);
-            if (s == FA_OK && seq.lse)
-                s = fa_i_fill(seq.lse, &lse_l, p->seqlen_q, p->heads_q, 1, FA_DTYPE_F32, -INFINITY,
-                              call->stream);
+        if (nk == 0) {
+            s = fa_i_paged_no_keys(p, b, call->stream);
             continue;
         }
         seq.k = rest, seq.v = rest + (size_t)es * nk * p->heads_kv * p->head_dim;

@@ -2,8 +2,9 @@
 and the append of k_new / v_new into the pages), forward, against the
 float64 reference of each sequence's gathered keys; the cache after the
 append; bad tables and sizes refused with nothing written; the same on the
-GPU (decode kernel over the pages, gathered prefill chunks); the reference
-refuses."""
+GPU (decode kernel over the pages; prefill chunks on the FA3 kernel reading
+the pages in place where its key tile divides the page, else gathered); the
+reference refuses."""
 import ctypes
 
 import numpy as np
@@ -185,6 +186,23 @@ for name, cfg in (
         ("prefill_poison_page_32_dv", dict(cache_lens=[50, 31], seqlen_new=5, seqlen_q=21,
                                            page_size=32, max_pages=3, head_dim=192,
                                            head_dim_v=128, causal=True, poison=True)),
+        # pages the FA3 forward reads in place (a whole key tile of 128 in a
+        # page): sequences on both sides of a page, several query blocks,
+        # empty sequences, a head dim between the compiled ones, and 24
+        # sequences of 24 tiles, so the schedule's 512-tile staging chunk
+        # fills inside a sequence
+        ("prefill_in_place_page_128_d64_causal_gqa", dict(
+            cache_lens=[1, 127, 128, 129, 1000], seqlen_new=7, seqlen_q=300, page_size=128,
+            max_pages=10, heads_q=8, heads_kv=2, causal=True, poison=True)),
+        ("prefill_in_place_page_256_d128_window_softcap_f16", dict(
+            cache_lens=[255, 256, 257, 3000], seqlen_q=200, page_size=256, max_pages=13,
+            head_dim=128, window=(300, 40), softcap=25.0, dtype="f16", poison=True)),
+        ("prefill_in_place_page_128_d96_empty", dict(
+            cache_lens=[0, 300, 0], seqlen_q=40, page_size=128, max_pages=3, head_dim=96,
+            causal=True, poison=True)),
+        ("prefill_in_place_page_128_24_sequences", dict(
+            cache_lens=[17 * i + 90 for i in range(24)], seqlen_new=3, seqlen_q=300,
+            page_size=128, max_pages=5, heads_q=8, heads_kv=4, causal=True)),
         ("decode_poison_page_16", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                        max_pages=64, heads_q=8, heads_kv=2, head_dim=128,
                                        poison=True)),

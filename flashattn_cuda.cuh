@@ -3558,12 +3558,13 @@ static __device__ __forceinline__ void fa_i_quant_rotate(const fa_quantize_param
                 }
 #pragma unroll
     for (m = 1; m < 32; m <<= 1) /* spans m e: lanes j and j ^ m */
-        if (m < lr)
+        if (m < lr) {
+            /* other -+ v as one FMA (exact product: the bits of the add) */
+            const float sign = (j & m) ? -1.0f : 1.0f;
 #pragma unroll
-            for (i = 0; i < FA_I_QUANT_RUN; ++i) {
-                const float other = __shfl_xor_sync(0xffffffffu, v[i], m);
-                v[i] = (j & m) ? other - v[i] : v[i] + other;
-            }
+            for (i = 0; i < FA_I_QUANT_RUN; ++i)
+                v[i] = fmaf(sign, v[i], __shfl_xor_sync(0xffffffffu, v[i], m));
+        }
 #pragma unroll
     for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] *= 1.0f / sqrtf((float)p->head_dim);
 }

@@ -1195,8 +1195,9 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
                      : FA_I_ACC##NACC(d)                                                      \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));           \
     }
-/* S tiles of 64 to 192 keys (any the tile table may pick), O tiles of d; the
-   backward's 64 x 64 dQ blocks. */
+/* S tiles of 64 to 192 keys (any the tile table may pick), O tiles of d and
+   of the 64-column chunks of a smaller V head dim; the backward's 64 x 64
+   dQ blocks. */
 #define FA_I_DEFINE_WGMMA_SET(DT)                                                             \
     FA_I_DEFINE_WGMMA_SS(sst, "1, 1", 64, 32, DT, "%32", "%33", "%34")                        \
     FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 64, 32, DT, "%32", "%33", "%34")                         \
@@ -1210,6 +1211,7 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
     FA_I_DEFINE_WGMMA_SS(ss, "0, 0", 192, 96, DT, "%96", "%97", "%98")                        \
     FA_I_DEFINE_WGMMA_RS(64, 32, DT, "{%32,%33,%34,%35}", "%36", "%37")                       \
     FA_I_DEFINE_WGMMA_RS(128, 64, DT, "{%64,%65,%66,%67}", "%68", "%69")                      \
+    FA_I_DEFINE_WGMMA_RS(192, 96, DT, "{%96,%97,%98,%99}", "%100", "%101")                    \
     FA_I_DEFINE_WGMMA_RS(256, 128, DT, "{%128,%129,%130,%131}", "%132", "%133")
 FA_I_DEFINE_WGMMA_SET(f16)
 FA_I_DEFINE_WGMMA_SET(bf16)
@@ -2181,19 +2183,44 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_qk)(const fa_params
 #undef FA_I_FA3_QK_CHAIN
 
 /* Issues O += P V with P (16-bit pairs, or FP8 quads against V^T) in
-   registers (one commit group). */
-static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_pv)(float *o, const uint32_t *pr,
-                                                                uint32_t sv)
+   registers (one commit group). A V head dim below the tile's (192 / 128
+   on the tile of 256) leaves V's columns past it zero and O's never
+   stored, so only V's 64-column chunks up to dv are issued (N = 64 a
+   chunk; a part of a chunk would not match the swizzled layout): one whole
+   chain a branch, as for S. */
+#define FA_I_FA3_PV_CHAIN(n)                                                                   \
+    do {                                                                                      \
+        fa_i_wgmma_fence();                                                                   \
+        FA_I_SM90_GEMM_RS(FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, n)), o, pr, sv, \
+                          BN, BN);                                                            \
+        fa_i_wgmma_commit();                                                                  \
+    } while (0)
+static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_pv)(const fa_params *p, float *o,
+                                                                const uint32_t *pr, uint32_t sv)
 {
     enum { BN = FA_I_FA3_BN };
-    fa_i_wgmma_fence();
 #if FA_I_FP8
+    (void)p;
+    fa_i_wgmma_fence();
     FA_I_SM90_GEMM_RS8(FA_I_WGMMA_PV, o, pr, sv, BN);
-#else
-    FA_I_SM90_GEMM_RS(FA_I_WGMMA_PV, o, pr, sv, BN, BN);
-#endif
     fa_i_wgmma_commit();
+#elif FA_I_D == 256
+    const int chunks = (p->head_dim_v + 63) / 64;
+    if (chunks >= 4)
+        FA_I_FA3_PV_CHAIN(256);
+    else if (chunks == 3)
+        FA_I_FA3_PV_CHAIN(192);
+    else if (chunks == 2)
+        FA_I_FA3_PV_CHAIN(128);
+    else
+        FA_I_FA3_PV_CHAIN(64);
+#else /* the tiles of 64 and 128 issue their whole width: a branch for the
+         rare dv <= 64 on the tile of 128 slowed its dense forward */
+    (void)p;
+    FA_I_FA3_PV_CHAIN(FA_I_D);
+#endif
 }
+#undef FA_I_FA3_PV_CHAIN
 
 /* The scores of one S tile (keys c0...) in place: softcap, then the mask
    (FA_I_MASK_HI: keys at or past each row's end; FA_I_MASK_LO: also keys
@@ -2424,7 +2451,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_issue)(
     fa_i_mbar_wait2(L->k_full + 8 * kn.stage, kn.phase, L->v_full + 8 * vprev.stage, vprev.phase);
     fa_i_fa3_turn_begin(PINGPONG, cw);
     FA_I_KNAME_V(fa_i_fa3_qk)(p, s, sq_wg, L->sk + kn.stage * TILE);
-    FA_I_KNAME_V(fa_i_fa3_pv)(o, pr, L->sv + vprev.stage * TILE);
+    FA_I_KNAME_V(fa_i_fa3_pv)(p, o, pr, L->sv + vprev.stage * TILE);
     fa_i_fa3_turn_end(PINGPONG, cw, NC);
 }
 
@@ -2817,7 +2844,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             /* issued here, waited for below the next tile's coordinates */
             fa_i_mbar_wait(L->v_full + 8 * last_stage, FA_I_RING(n_end - 1).phase);
             fa_i_fa3_turn_begin(PINGPONG, cw);
-            FA_I_KNAME_V(fa_i_fa3_pv)(o, pr, L->sv + last_stage * TILE);
+            FA_I_KNAME_V(fa_i_fa3_pv)(p, o, pr, L->sv + last_stage * TILE);
             fa_i_fa3_turn_end(PINGPONG, cw, NC);
         }
 #else
@@ -2826,7 +2853,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             FA_I_KNAME_V(fa_i_fa3_first_step)(p, L, sq_wg, r, n, FA_I_MASKED(n), lo, hi,
                                               log2_scale, 1.0f, 1.0f, 1.0f, cw, FA_I_FA3_ROWS_ARGS);
             fa_i_mbar_wait(L->v_full + 8 * r.stage, r.phase);
-            FA_I_KNAME_V(fa_i_fa3_pv)(o, pr, L->sv + r.stage * TILE);
+            FA_I_KNAME_V(fa_i_fa3_pv)(p, o, pr, L->sv + r.stage * TILE);
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(o, D / 2);
             fa_i_fence_u32(pr, FA_I_FA3_PR);

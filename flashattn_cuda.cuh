@@ -5317,11 +5317,10 @@ static int fa_i_fa3_compiled(const void *fn, size_t smem, const fa_i_device *dev
    the larger head dims, whose tiles run d with the columns past it
    zero-filled and never stored, smallest first:
      fa3 = FA_I_FA3_FIRST   a Hopper kernel for `pass` that runs on dev, then d's, then any
-     fa3 = FA_I_FA3_SECOND  d's, then a Hopper kernel, then any
      fa3 = FA_I_FA3_NONE    d's, then any (also: dev NULL)
-   FA3 on a wider tile outruns FA2 on d's own in the forward; in the
-   backward, not at d = 160 and 192 (DESIGN.md, head dims). */
-enum { FA_I_FA3_FIRST, FA_I_FA3_SECOND, FA_I_FA3_NONE };
+   FA3 on a wider tile outruns FA2 on d's own, but for the backward on
+   FA2's tiles of 32 and 160 (DESIGN.md, head dims). */
+enum { FA_I_FA3_FIRST, FA_I_FA3_NONE };
 static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype, fa_pass pass, int fa3,
                                              const fa_i_device *dev)
 {
@@ -5332,7 +5331,7 @@ static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype, fa_pass pass
 #undef FA_I_TABLE_OF
 #undef FA_I_DIM_OF
     enum { HOPPER, OWN, ANY };
-    static const int order[3][3] = {{HOPPER, OWN, ANY}, {OWN, HOPPER, ANY}, {OWN, ANY, ANY}};
+    static const int order[2][3] = {{HOPPER, OWN, ANY}, {OWN, ANY, ANY}};
     const int set = dtype == FA_DTYPE_BF16 ? 1 : dtype == FA_DTYPE_F16 ? 0 : 2;
     int round;
     size_t i;
@@ -5404,14 +5403,15 @@ static int fa_i_tile_head_dim(const fa_params *p)
 
 /* Validates for the GPU: resolved params, kernels, device and alignment;
    *device gets the current device's facts. The kernels: for a forward past
-   the decode path's query counts, on Hopper tiles first; for the backward's
-   atomic mode, its own head dim's first unless the V head dim differs (FA2's
-   backward takes none of its own); the deterministic mode (FA2) and decode,
-   their own (fa_i_find_kernels). */
+   the decode path's query counts and for the backward's atomic mode, on
+   Hopper tiles first, but for a backward whose own tiles are FA2's of 32 or
+   160 (with one head dim: FA2's backward takes no V head dim of its own);
+   the deterministic mode (FA2) and decode, their own (fa_i_find_kernels). */
 static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, int deterministic,
                                  fa_params *p, const fa_i_kernels **kernels, fa_i_device *device)
 {
     fa_status s = fa_params_resolve(params, pass, p);
+    const fa_i_kernels *own; /* the smallest tiles that hold the problem */
     size_t need;
     cudaError_t e;
     *kernels = NULL;
@@ -5426,7 +5426,8 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, int dete
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "head_dim_v %d != head_dim %d: 16-bit, both multiples of 8, FA_VARIANT 2",
                          p->head_dim_v, p->head_dim);
-    if (!fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, pass, FA_I_FA3_NONE, NULL))
+    own = fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, pass, FA_I_FA3_NONE, NULL);
+    if (!own)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
                          "head_dim %d with dtype %d: not in this build, nor (16-bit, a multiple "
                          "of 8) below a head dim that is", fa_i_tile_head_dim(p), (int)p->dtype);
@@ -5449,9 +5450,10 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, int dete
     *kernels = fa_i_find_kernels(
         fa_i_tile_head_dim(p), p->dtype, pass,
         pass == FA_PASS_FORWARD ? (p->seqlen_q > FA_I_DECODE_MAX_Q ? FA_I_FA3_FIRST : FA_I_FA3_NONE)
-        : deterministic         ? FA_I_FA3_NONE
-        : p->head_dim_v != p->head_dim ? FA_I_FA3_FIRST
-                                       : FA_I_FA3_SECOND,
+        : deterministic || (p->head_dim_v == p->head_dim && (own->head_dim == 32 ||
+                                                              own->head_dim == 160))
+            ? FA_I_FA3_NONE
+            : FA_I_FA3_FIRST,
         device);
     need = (*kernels)->fa2_fwd.smem;
     if (pass == FA_PASS_BACKWARD) { /* both modes' kernels, on the tile that fits */

@@ -381,12 +381,12 @@ def _algorithm_dispatch(seed, algorithm, fa3_dims):
 
 
 # The forward runs every head dim on Hopper's kernels (those of 32, 96, 160
-# and 192 on the next larger tile with one); the atomic backward only its
-# own head dim's.
+# and 192 on the next larger tile with one); the atomic backward all but 32
+# and 160, whose FA2 kernels outrun FA3's wider tiles.
 case("gpu_forward_algorithm_dispatch", _algorithm_dispatch, "dispatch",
      lambda lib, p: lib.fa_cuda_forward_algorithm(ctypes.byref(p)), HEAD_DIMS)
 case("gpu_backward_algorithm_dispatch", _algorithm_dispatch, "bwd_dispatch",
-     lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0), (64, 128, 256))
+     lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 0), (64, 96, 128, 192, 256))
 case("gpu_deterministic_backward_algorithm_dispatch", _algorithm_dispatch, "det_dispatch",
      lambda lib, p: lib.fa_cuda_backward_algorithm(ctypes.byref(p), 1), ())
 

@@ -21,10 +21,10 @@ targets="all bench-libs"
 [ "$what" = varlen ] || [ "$what" = paged ] && targets="build/libflashattn_cuda_test.so $cpu_libs"
 [ -n "${NO_BUILD:-}" ] && targets=$cpu_libs
 if [ "$what" = varlen ] || [ "$what" = paged ] && [ -d build/rev/main ] && [ -d build/rev/vl ]; then
-    # (a warm machine's builds kept: NO_BUILD=1 skips those already there)
+    # (shims already there are kept: built here and carried, or a warm machine's)
     for n in main vl; do
         for d in 128 $([ "$what" = paged ] && echo 256); do  # paged: the tile of 256 too
-            [ -n "${NO_BUILD:-}" ] && [ -f "build/rev_${n}_d$d.so" ] && continue
+            [ -f "build/rev_${n}_d$d.so" ] && continue
             bash bench/rev_variant.sh build $n $d >"$out/rev_${n}_$d.log" 2>&1 &
         done
     done

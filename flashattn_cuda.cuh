@@ -6265,6 +6265,18 @@ static fa_status fa_i_varlen_item(fa_i_varlen_stage *st, int x, int y)
 /* The schedule's index of the sequence being staged. */
 static int fa_i_varlen_current(const fa_i_varlen_stage *st) { return st->seqs_done + st->n_seqs; }
 
+/* The FA3 forward's items of the sequence being staged: its query tiles of
+   every head, in the kernel's order (fa_i_fa3_tile_item). */
+static fa_status fa_i_varlen_fa3_tiles(fa_i_varlen_stage *st, int heads, int blocks_m, int causal)
+{
+    fa_status s = FA_OK;
+    int h, r;
+    for (h = 0; h < heads && s == FA_OK; ++h)
+        for (r = 0; r < blocks_m && s == FA_OK; ++r)
+            s = fa_i_varlen_item(st, fa_i_varlen_current(st), fa_i_fa3_tile_item(h, r, blocks_m, causal));
+    return s;
+}
+
 /* The entry of the sequence being staged (its maps go at the same index). */
 static fa_i_fa3_seq *fa_i_varlen_entry(fa_i_varlen_stage *st)
 {
@@ -6337,7 +6349,7 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
     const fa_i_kernel *k;
     int64_t tiles = 0;
     size_t need;
-    int nq, nk, b, c, h, r, seqs = 0, longest = fa_i_varlen_longest(p), may, most_blocks = 0;
+    int nq, nk, b, c, seqs = 0, longest = fa_i_varlen_longest(p), may, most_blocks = 0;
     fa_status s;
     fa_params seq;
     *taken = 0;
@@ -6360,18 +6372,13 @@ static fa_status fa_i_varlen_fa3(const fa_params *p, fa_i_seq_call *call, int to
     fa_i_varlen_layout(&st, call->workspace, seqs, sizeof(fa_i_tma_maps), call->stream);
     for (c = 62; c >= 0; --c)
         for (b = 0; b < p->batch; ++b) {
-            int blocks_m;
             if (fa_i_varlen_class(p, b) != c) continue;
             seq = fa_i_varlen_sequence(p, b, &nq, &nk);
             if (!fa_i_fa3_maps(&seq, k, &st.maps.fwd[st.n_seqs])) return FA_OK; /* by sequence */
-            blocks_m = fa_i_blocks(nq, k->rows);
-            for (h = 0; h < p->heads_q; ++h)
-                for (r = 0; r < blocks_m; ++r)
-                    if ((s = fa_i_varlen_item(&st, fa_i_varlen_current(&st),
-                                              fa_i_fa3_tile_item(h, r, blocks_m, p->causal))) !=
-                        FA_OK)
-                        return s;
-            if ((s = fa_i_varlen_next(&st, p, b, 0)) != FA_OK) return s;
+            if ((s = fa_i_varlen_fa3_tiles(&st, p->heads_q, fa_i_blocks(nq, k->rows), p->causal)) !=
+                    FA_OK ||
+                (s = fa_i_varlen_next(&st, p, b, 0)) != FA_OK)
+                return s;
         }
     if ((s = fa_i_varlen_flush_seqs(&st)) != FA_OK || (s = fa_i_varlen_flush_items(&st)) != FA_OK)
         return s;
@@ -6712,7 +6719,7 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
     fa_i_tma_maps maps;
     fa_params run = *p, cache = *p, seq;
     const int blocks_m = fa_i_blocks(p->seqlen_q, k->rows);
-    int b, c, h, r, seqs = 0, last;
+    int b, c, seqs = 0, last;
     cudaStreamCaptureStatus capture;
     fa_status s;
     *taken = 0;
@@ -6737,12 +6744,7 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
             if (fa_i_work_class(p->seqlen_q, nk) != c) continue;
             seq = fa_i_paged_tail(p, b, nk, &last);
             if (!fa_i_fa3_maps(&seq, k, &st.maps.fwd[st.n_seqs])) return FA_OK; /* gathered */
-            for (h = 0; h < p->heads_q; ++h)
-                for (r = 0; r < blocks_m; ++r)
-                    if ((s = fa_i_varlen_item(&st, fa_i_varlen_current(&st),
-                                              fa_i_fa3_tile_item(h, r, blocks_m, p->causal))) !=
-                        FA_OK)
-                        return s;
+            if ((s = fa_i_varlen_fa3_tiles(&st, p->heads_q, blocks_m, p->causal)) != FA_OK) return s;
             e = fa_i_varlen_entry(&st);
             e->nq = p->seqlen_q, e->nk = nk;
             e->lse0 = (int64_t)b * p->heads_q * p->seqlen_q;

@@ -837,6 +837,31 @@ static fa_status fa_i_check_layout(fa_layout *l, const char *name, int batch, in
     return FA_OK;
 }
 
+/* Every layout of p the pass reads or writes (fa_i_check_layout), batch
+   sequences each; with_kv 0 leaves K's and V's (a paged cache's, checked as
+   pages). */
+static fa_status fa_i_check_layouts(fa_params *p, fa_pass pass, int batch, int with_kv)
+{
+    fa_status s;
+#define FA_I_CHECK(field, seq, heads, dim)                                                   \
+    if ((s = fa_i_check_layout(&p->field, #field, batch, p->seq, p->heads, p->dim)) != FA_OK) \
+        return s;
+    FA_I_CHECK(q_layout, seqlen_q, heads_q, head_dim)
+    if (with_kv) {
+        FA_I_CHECK(k_layout, seqlen_k, heads_kv, head_dim)
+        FA_I_CHECK(v_layout, seqlen_k, heads_kv, head_dim_v)
+    }
+    FA_I_CHECK(o_layout, seqlen_q, heads_q, head_dim_v)
+    if (pass == FA_PASS_BACKWARD) {
+        FA_I_CHECK(dout_layout, seqlen_q, heads_q, head_dim_v)
+        FA_I_CHECK(dq_layout, seqlen_q, heads_q, head_dim)
+        FA_I_CHECK(dk_layout, seqlen_k, heads_kv, head_dim)
+        FA_I_CHECK(dv_layout, seqlen_k, heads_kv, head_dim_v)
+    }
+#undef FA_I_CHECK
+    return FA_OK;
+}
+
 /* Storage of dq, dk, dv. */
 static fa_dtype fa_i_grad_dtype(const fa_params *p)
 {
@@ -1020,24 +1045,10 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
         fa_i_bottom_right(&r);
     }
     /* varlen: strides checked here for one sequence, and for the packed
-       totals where the offsets are read (fa_i_varlen_check) */
-#define FA_I_CHECK(field, seq, heads, dim)                                                   \
-    if ((s = fa_i_check_layout(&r.field, #field, r.cu_seqlens_q ? 1 : r.batch, r.seq, r.heads, \
-                               r.dim)) != FA_OK)                                             \
+       totals where the offsets are read (fa_i_varlen_check); a paged
+       cache's K and V above, as pages */
+    if ((s = fa_i_check_layouts(&r, pass, r.cu_seqlens_q ? 1 : r.batch, !r.block_table)) != FA_OK)
         return s;
-    FA_I_CHECK(q_layout, seqlen_q, heads_q, head_dim)
-    if (!r.block_table) { /* paged caches: checked above as pages */
-        FA_I_CHECK(k_layout, seqlen_k, heads_kv, head_dim)
-        FA_I_CHECK(v_layout, seqlen_k, heads_kv, head_dim_v)
-    }
-    FA_I_CHECK(o_layout, seqlen_q, heads_q, head_dim_v)
-    if (pass == FA_PASS_BACKWARD) {
-        FA_I_CHECK(dout_layout, seqlen_q, heads_q, head_dim_v)
-        FA_I_CHECK(dq_layout, seqlen_q, heads_q, head_dim)
-        FA_I_CHECK(dk_layout, seqlen_k, heads_kv, head_dim)
-        FA_I_CHECK(dv_layout, seqlen_k, heads_kv, head_dim_v)
-    }
-#undef FA_I_CHECK
     if (!r.cu_seqlens_q && (s = fa_i_check_aliasing(&r, pass, NULL, 0)) != FA_OK) return s;
     if (resolved) *resolved = r;
     return FA_OK;
@@ -2744,21 +2755,7 @@ static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_
     whole.batch = 1;
     whole.seqlen_q = *total_q > 0 ? *total_q : 1;
     whole.seqlen_k = *total_k > 0 ? *total_k : 1;
-#define FA_I_CHECK(field, seq, heads, dim)                                                   \
-    if ((s = fa_i_check_layout(&whole.field, #field, 1, whole.seq, whole.heads,             \
-                               whole.dim)) != FA_OK)                                         \
-        return s;
-    FA_I_CHECK(q_layout, seqlen_q, heads_q, head_dim)
-    FA_I_CHECK(k_layout, seqlen_k, heads_kv, head_dim)
-    FA_I_CHECK(v_layout, seqlen_k, heads_kv, head_dim_v)
-    FA_I_CHECK(o_layout, seqlen_q, heads_q, head_dim_v)
-    if (pass == FA_PASS_BACKWARD) {
-        FA_I_CHECK(dout_layout, seqlen_q, heads_q, head_dim_v)
-        FA_I_CHECK(dq_layout, seqlen_q, heads_q, head_dim)
-        FA_I_CHECK(dk_layout, seqlen_k, heads_kv, head_dim)
-        FA_I_CHECK(dv_layout, seqlen_k, heads_kv, head_dim_v)
-    }
-#undef FA_I_CHECK
+    if ((s = fa_i_check_layouts(&whole, pass, 1, 1)) != FA_OK) return s;
     return fa_i_check_aliasing(&whole, pass, NULL, 0);
 }
 

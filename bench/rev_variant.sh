@@ -4,7 +4,7 @@
 # has no .git: here, `stage` writes revision REV's headers and test shim to
 # build/rev/NAME (carry build/rev to the device); there, `build` compiles
 # build/rev/NAME into build/rev_NAME_d<D>.so (head dim D, sm_90a; bf16, or
-# DTYPE=3 for the FP8 forward).
+# with DTYPE=3 the FP8 forward into build/rev_NAME_d<D>_fp8.so).
 # Usage: bash bench/rev_variant.sh stage NAME REV
 #        bash bench/rev_variant.sh build NAME D [nvcc flags...]
 set -euo pipefail
@@ -17,6 +17,8 @@ if [ "$mode" = stage ]; then
 fi
 d=$3
 shift 3
-printf '#define FA_CUDA_DTYPE %s\n#define FA_HEAD_DIM %s\n#include "shim_cuda.cu"\n' "${DTYPE:-2}" "$d" >"$dir/tests/d$d.cu"
+suffix=; [ "${DTYPE:-2}" = 3 ] && suffix=_fp8
+printf '#define FA_CUDA_DTYPE %s\n#define FA_HEAD_DIM %s\n#include "shim_cuda.cu"\n' "${DTYPE:-2}" "$d" \
+    >"$dir/tests/d$d$suffix.cu"
 nvcc -O3 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a "$@" -shared \
-    -o "build/rev_${name}_d$d.so" "$dir/tests/d$d.cu"
+    -o "build/rev_${name}_d$d$suffix.so" "$dir/tests/d$d$suffix.cu"

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.6.2 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.8.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -92,8 +92,8 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 7
-#define FA_VERSION_PATCH 2
+#define FA_VERSION_MINOR 8
+#define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -3182,6 +3182,13 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.8.0  GPU: paged prefill chunks read the pages in place on Hopper's FA3
+          forward where its key tile divides the page; the atomic backward
+          at d = 96 and 192 on FA3's tiles of 128 and 256, and at d <= 32
+          and 129 ... 160 on FA2's of 32 and 160; O += P V on the tile of 256 issues
+          only V's chunks up to head_dim_v; the quantizer's rotation
+          butterflies as one FMA; the varlen backward in one launch on
+          Hopper (a varlen instance of the FA3 backward)
    0.7.2  GPU: the paged decode copy runs one loop per row mode and walks
           its pages from tile to tile; the FA2 forward orders its warp's
           Q reads before its O writes (__syncwarp)

@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.6.2 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.8.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -20,7 +20,8 @@
                FA1 with FA_VARIANT=1: the teaching kernel, global O/m/l state.
      fp8       the FA3 forward with e4m3 Q, K, V (d = 64, 128, 256), V
                transposed in the kernel; fa_cuda_quantize_fp8 makes its inputs.
-     backward  FA3 on Hopper at d = 64, 128, 256 (dQ by bulk reduce-add);
+     backward  FA3 on Hopper (dQ by bulk reduce-add) on the tiles of d = 64,
+               128, 256, but for d <= 32 and 129 ... 160 (FA2's own tiles);
                FA2 elsewhere, and always in the deterministic mode (a
                separate dQ kernel, no atomics).
      varlen    cu_seqlens in host memory. On Hopper the whole batch in one
@@ -30,8 +31,10 @@
                stream, the LSE rows moved by 2-D copies (>> host, at the end).
      paged     the block table copied into the workspace, k_new/v_new
                appended by a copy kernel; seqlen_q <= 16 on the decode
-               kernel reading the pages in place, longer query chunks
-               gathered per sequence and run dense (>> host, at the end).
+               kernel reading the pages in place, longer query chunks on
+               the FA3 forward reading them in place where its key tile
+               divides the page (one launch, as varlen), else gathered per
+               sequence and run dense (>> host, at the end).
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
    other multiples of 8 up to 256 run on a larger head dim's kernels, the
    columns past d zero-filled on load and never stored (fa_i_find_kernels).

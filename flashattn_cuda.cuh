@@ -3599,6 +3599,8 @@ static __device__ __forceinline__ void fa_i_quant_rotate(const fa_quantize_param
     for (i = 0; i < FA_I_QUANT_RUN; ++i) v[i] *= 1.0f / sqrtf((float)p->head_dim);
 }
 
+#define FA_I_QUANT_NW ((int)(blockDim.x >> 5)) /* the CTA's warps (fa_i_quant_warps) */
+
 /* The block's scale from every lane's amax: its descale written, 1 / descale
    returned. */
 static __device__ __forceinline__ float fa_i_quant_scale(const fa_quantize_params *p, float amax,
@@ -3610,7 +3612,7 @@ static __device__ __forceinline__ float fa_i_quant_scale(const fa_quantize_param
     for (i = 16; i > 0; i >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, i));
     if (lane == 0) part[warp] = amax;
     __syncthreads();
-    for (i = 0; i < (int)(blockDim.x >> 5); ++i) amax = fmaxf(amax, part[i]);
+    for (i = 0; i < FA_I_QUANT_NW; ++i) amax = fmaxf(amax, part[i]);
     descale = fa_i_fp8_descale(amax, p->pow2_descale);
     if (threadIdx.x == 0)
         p->descale[((int64_t)blockIdx.z * p->heads + blockIdx.y) *
@@ -3638,10 +3640,10 @@ static __device__ __forceinline__ void fa_i_quant_store(const fa_quantize_params
 
 /* A lane's rows: the it-th of its warp's (rw rows a warp, lr lanes a row),
    whether the lane holds one there, and whether the rows end first. */
-#define FA_I_QUANT_ROW(it) (r0 + ((it) * (int)(blockDim.x >> 5) + warp) * rw + lane / lr)
+#define FA_I_QUANT_ROW(it) (r0 + ((it) * FA_I_QUANT_NW + warp) * rw + lane / lr)
 #define FA_I_QUANT_MINE(it) (lane < rw * lr && FA_I_QUANT_ROW(it) < r1)
 /* whether the warps' rows end before their it-th (or the lanes hold fewer) */
-#define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * (int)(blockDim.x >> 5) * rw >= r1)
+#define FA_I_QUANT_DONE(it) ((it) >= iters || r0 + (it) * FA_I_QUANT_NW * rw >= r1)
 
 /* Stores each row the lane holds (params: the call's), word i of its
    codes (four codes) being `word` (it: the row's index among the lane's,
@@ -3756,6 +3758,7 @@ static __device__ __forceinline__ void fa_i_quantize_block_raw(const fa_quantize
 #undef FA_I_QUANT_ROW
 #undef FA_I_QUANT_MINE
 #undef FA_I_QUANT_DONE
+#undef FA_I_QUANT_NW
 #undef FA_I_QUANT_STORE_ROWS
 
 /* The quantize kernels: rows of d <= 128 fit one row a lane (at least 8
@@ -6036,6 +6039,25 @@ static fa_status fa_i_bwd_stage_out(const fa_params *caller, const fa_params *st
     return s;
 }
 
+/* The backward's preprocess over p's query rows: D, and the dQ accumulator
+   zeroed where a->dq_acc is set (fa_i_pre_lanes(acc_d) threads a padded
+   accumulator row). */
+static fa_status fa_i_bwd_pre(const fa_params *p, fa_i_bwd_args *a, cudaStream_t stream)
+{
+    const int64_t threads = (int64_t)(fa_i_dq_acc_floats(p, a->acc_d) / a->acc_d) *
+                            fa_i_pre_lanes(a->acc_d);
+    return fa_i_launch((const void *)fa_i_bwd_preprocess, dim3(fa_i_blocks(threads, 256)), 256, 0,
+                       stream, p, a);
+}
+
+/* Its postprocess: dQ from the accumulator (64 rows x d / 16 threads a block). */
+static fa_status fa_i_bwd_post(const fa_params *p, fa_i_bwd_args *a, cudaStream_t stream)
+{
+    return fa_i_launch((const void *)fa_i_bwd_postprocess,
+                       dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p, a->acc_d) / 16, 256)), 256,
+                       0, stream, p, a);
+}
+
 FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, void *workspace,
                                   size_t workspace_size, cudaStream_t stream)
 {
@@ -6079,12 +6101,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
     a.dq_acc = deterministic ? NULL : a.dsum + fa_i_round4((size_t)rows);
     a.acc_d = k->head_dim;
     a.acc_rows = NULL;
-    /* fa_i_pre_lanes(acc_d) threads per (padded) dQ accumulator row */
-    s = fa_i_launch((const void *)fa_i_bwd_preprocess,
-                    dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(p, a.acc_d) / a.acc_d) *
-                                         fa_i_pre_lanes(a.acc_d),
-                                     256)),
-                    256, 0, stream, p, &a);
+    s = fa_i_bwd_pre(p, &a, stream);
 #if FA_I_SM90
     if (plan.algorithm == 3) { /* fa_i_bwd_fa3 */
         plan.fa3.a = a;
@@ -6104,10 +6121,7 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
                             dim3(fa_i_blocks(p->seqlen_q, k->fa2_bwd_q.rows), p->heads_q, p->batch),
                             k->fa2_bwd_q.threads, k->fa2_bwd_q.smem, stream, p, &a);
     }
-    if (s == FA_OK && !deterministic) /* 64 rows x d / 16 threads per block */
-        s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                        dim3(fa_i_blocks((int64_t)fa_i_dq_acc_floats(p, a.acc_d) / 16, 256)), 256, 0, stream,
-                        p, &a);
+    if (s == FA_OK && !deterministic) s = fa_i_bwd_post(p, &a, stream);
     if (s == FA_OK && need > own) s = fa_i_bwd_stage_out(&caller, p, stream);
     return s;
 }
@@ -6469,12 +6483,7 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
     rows.o = p->o, rows.o_layout = p->o_layout;
     rows.dout = p->dout, rows.dout_layout = p->dout_layout;
     args.a.dq_acc = NULL;
-    s = fa_i_launch((const void *)fa_i_bwd_preprocess,
-                    dim3(fa_i_blocks((int64_t)(fa_i_dq_acc_floats(&rows, args.a.acc_d) /
-                                               args.a.acc_d) *
-                                         fa_i_pre_lanes(args.a.acc_d),
-                                     256)),
-                    256, 0, call->stream, &rows, &args.a);
+    s = fa_i_bwd_pre(&rows, &args.a, call->stream);
     args.a.dq_acc = (float *)((char *)call->workspace + dsum_bytes);
     if (s == FA_OK && cudaMemsetAsync(args.a.dq_acc, 0, acc_bytes, call->stream) != cudaSuccess)
         s = fa_i_cuda_error(cudaGetLastError(), "cudaMemsetAsync of the dQ accumulator");
@@ -6490,11 +6499,7 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
     rows.seqlen_q = (int)(acc_blocks * 64);
     rows.dq = p->dq, rows.dq_layout = p->dq_layout;
     args.a.acc_rows = st.dev_items + key_blocks;
-    if (s == FA_OK)
-        s = fa_i_launch((const void *)fa_i_bwd_postprocess,
-                        dim3(fa_i_blocks(
-                            (int64_t)fa_i_dq_acc_floats(&rows, args.a.acc_d) / 16, 256)),
-                        256, 0, call->stream, &rows, &args.a);
+    if (s == FA_OK) s = fa_i_bwd_post(&rows, &args.a, call->stream);
     return s;
 }
 #endif

@@ -3185,10 +3185,10 @@ REVISION HISTORY
    0.8.0  GPU: paged prefill chunks read the pages in place on Hopper's FA3
           forward where its key tile divides the page; the atomic backward
           at d = 96 and 192 on FA3's tiles of 128 and 256, and at d <= 32
-          and 129 ... 160 on FA2's of 32 and 160; O += P V on the tile of 256 issues
-          only V's chunks up to head_dim_v; the quantizer's rotation
-          butterflies as one FMA; the varlen backward in one launch on
-          Hopper (a varlen instance of the FA3 backward)
+          and 129 ... 160 on FA2's of 32 and 160; O += P V on the tile of
+          256 issues only V's chunks up to head_dim_v; the quantizer's
+          rotation butterflies as one FMA; the varlen backward in one launch
+          on Hopper (a varlen instance of the FA3 backward)
    0.7.2  GPU: the paged decode copy runs one loop per row mode and walks
           its pages from tile to tile; the FA2 forward orders its warp's
           Q reads before its O writes (__syncwarp)

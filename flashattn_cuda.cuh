@@ -33,7 +33,8 @@
                appended by a copy kernel; seqlen_q <= 16 on the decode
                kernel reading the pages in place, longer query chunks on
                the FA3 forward reading them in place where its key tile
-               divides the page (one launch, as varlen), else gathered per
+               divides the page or a page of 64 keys or more divides the
+               tile (one launch, as varlen), else gathered per
                sequence and run dense (>> host, at the end).
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
    other multiples of 8 up to 256 run on a larger head dim's kernels, the
@@ -653,7 +654,7 @@ typedef struct fa_i_tma_maps {
     int num_tiles;
     int lse_head;         /* by sequence: the LSE's head stride */
     const int32_t *pages; /* paged: the block table (the workspace's copy), else NULL */
-    int page_shift;       /* paged: log2 of the page size, a multiple of the key tile */
+    int page_shift;       /* paged: log2 of the page size (a multiple or a divisor of the key tile) */
 } fa_i_tma_maps;
 
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
@@ -2090,13 +2091,14 @@ static __device__ __forceinline__ float *fa_i_fa3_lse_rows(const fa_params *p,
                       : p->lse + ((int64_t)b * p->heads_q + h) * p->seqlen_q;
 }
 
-/* Paged: where the key tile at *row of schedule sequence b (nk keys) is. In
+/* Paged: where the keys at *row of schedule sequence b (nk keys) are. In
    a page before the sequence's last, the cache's maps (*maps: row in page,
    the page as batch) at the block table's page; in the last, the
    sequence's own maps (*m, batch 0: that page's rows up to key nk - 1, so
-   the TMA zero-fills the tile past them). A tile never spans two pages
-   (the host's condition); the entry is loaded before the producer's wait
-   for the stage, under which its latency passes. */
+   the TMA zero-fills the box past them). A box (a key tile, or a page
+   where pages are smaller) never spans two pages; the first box's entry
+   is loaded before the producer's wait for the stage, under which its
+   latency passes. */
 static __device__ __forceinline__ void fa_i_fa3_page(const fa_i_tma_maps *maps, int b, int nk,
                                                      const fa_i_tma_maps **m, int *row, int *batch)
 {
@@ -2563,17 +2565,28 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
             const int st = r.stage, o_there = (staged >> st) & 1;
-            /* where the keys are: (m, row n BN, batch mapb), or a page's
-               (not FP8's: dense only, and its producer has no registers to spare) */
+            /* where the keys are: (m, row n BN, batch mapb), or the pages'
+               (not FP8's: dense only, and its producer has no registers to
+               spare): the tile whole from its page, or a box of `box` keys
+               from each page it spans, box rows apart in each chunk */
+            const int box = !FA_I_FP8 && maps->pages ? min(1 << maps->page_shift, (int)BN) : BN;
             const fa_i_tma_maps *km = m;
-            int krow = n * BN, kb = mapb;
+            int krow = n * BN, kb = mapb, j;
             if (!FA_I_FP8 && maps->pages) fa_i_fa3_page(maps, b, view.seqlen_k, &km, &krow, &kb);
             fa_i_mbar_wait(L->k_empty + 8 * st, r.phase ^ 1);
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
             fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
-            for (c = 0; c < CHUNKS; ++c)
-                fa_i_tma_load(L->sk + st * TILE + c * BN * RB, &km->k, CE * c, krow, hk, kb,
-                              L->k_full + 8 * st, reused);
+#define FA_I_FA3_LOAD_KV(dst, which, full)                                                      \
+    for (j = 0; j < BN; j += box) {                                                            \
+        if (j > 0) { /* the next page's box (box < BN: paged only) */                         \
+            km = m, krow = n * BN + j, kb = mapb;                                               \
+            fa_i_fa3_page(maps, b, view.seqlen_k, &km, &krow, &kb);                             \
+        }                                                                                       \
+        for (c = 0; c < CHUNKS; ++c)                                                            \
+            fa_i_tma_load((dst) + c * BN * RB + j * RB, &km->which, CE * c, krow, hk, kb, full, \
+                          reused);                                                              \
+    }
+            FA_I_FA3_LOAD_KV(L->sk + st * TILE, k, L->k_full + 8 * st);
             fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
             if (o_there) {
                 fa_i_mbar_wait(L->o_read + 8 * (STAGES + st), (o_parity >> st) & 1);
@@ -2583,10 +2596,13 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             {
                 const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
                 fa_i_mbar_expect_tx(full, TILE);
-                for (c = 0; c < CHUNKS; ++c)
-                    fa_i_tma_load(FA_I_FA3_V_IN(L) + st * TILE + c * BN * RB, &km->v, CE * c,
-                                  krow, hk, kb, full, reused);
+                if (box < BN) { /* the first box's page again */
+                    km = m, krow = n * BN, kb = mapb;
+                    fa_i_fa3_page(maps, b, view.seqlen_k, &km, &krow, &kb);
+                }
+                FA_I_FA3_LOAD_KV(FA_I_FA3_V_IN(L) + st * TILE, v, full);
             }
+#undef FA_I_FA3_LOAD_KV
         }
         if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
             staged |= 1u << ((it - 1) % STAGES);
@@ -6667,18 +6683,27 @@ static fa_status fa_i_paged_no_keys(const fa_params *p, int b, cudaStream_t stre
 }
 
 #if FA_I_SM90
+/* Whether FA3 kernel k loads its key tiles from pages of p's size: a power
+   of two that the tile divides (a tile from one page) or, from 64 keys,
+   divides (a box from each page). Smaller pages gather: each box after a
+   tile's first waits for its page entry, so boxes of 16 or 32 keys ran
+   slower than the gathered copy (DESIGN.md, paged caches). */
+static int fa_i_paged_fa3_fits(const fa_params *p, const fa_i_kernel *k)
+{
+    return k->fn && (p->page_size & (p->page_size - 1)) == 0 &&
+           (p->page_size % k->keys == 0 || (p->page_size >= 64 && k->keys % p->page_size == 0));
+}
+
 /* The FA3 forward kernel that reads p's pages in place, or NULL: 16-bit
-   K/V, a power-of-two page size that its key tile divides (so no tile
-   spans two pages), runnable here. The variant fa_i_fa3_pick gives, else
-   t0 where only its tile divides the page. */
+   K/V, pages it fits (fa_i_paged_fa3_fits), runnable here. The variant
+   fa_i_fa3_pick gives, else t0 where only its tile fits. */
 static const fa_i_kernel *fa_i_paged_fa3_kernel(const fa_params *p, const fa_i_kernels *ks,
                                                 const fa_i_device *dev)
 {
     const fa_i_kernel *k = fa_i_fa3_pick(p, ks);
-    if (p->dtype == FA_DTYPE_FP8_E4M3 || (p->page_size & (p->page_size - 1))) return NULL;
-    if (!k->fn || p->page_size % k->keys) k = &ks->fa3_fwd[0];
-    return k->fn && p->page_size % k->keys == 0 && fa_i_fa3_compiled(k->fn, k->smem, dev) ? k
-                                                                                          : NULL;
+    if (p->dtype == FA_DTYPE_FP8_E4M3) return NULL;
+    if (!fa_i_paged_fa3_fits(p, k)) k = &ks->fa3_fwd[0];
+    return fa_i_paged_fa3_fits(p, k) && fa_i_fa3_compiled(k->fn, k->smem, dev) ? k : NULL;
 }
 
 /* Its workspace (after the tables): every sequence's maps and entry, every tile. */
@@ -6727,6 +6752,10 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
     fa_i_tma_maps maps;
     fa_params run = *p, cache = *p, seq;
     const int blocks_m = fa_i_blocks(p->seqlen_q, k->rows);
+    /* the TMA box of keys: the tile, or a page where pages are smaller (the
+       kernel's box rows; its sequences' last-page maps take the same boxes) */
+    const int box = p->page_size < k->keys ? p->page_size : k->keys;
+    fa_i_kernel boxed = *k;
     int b, c, seqs = 0, last;
     cudaStreamCaptureStatus capture;
     fa_status s;
@@ -6738,11 +6767,12 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
         capture != cudaStreamCaptureStatusNone)
         return FA_OK;
     cache.batch = p->num_pages; /* {d, row in page, head, page} */
+    boxed.keys = box;
     memset(&maps, 0, sizeof maps);
     if (!fa_i_tma_map(&maps.k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim, p->page_size,
-                      p->heads_kv, k->keys) ||
+                      p->heads_kv, box) ||
         !fa_i_tma_map(&maps.v, p->v, &p->v_layout, &cache, p->dtype, p->head_dim_v, p->page_size,
-                      p->heads_kv, k->keys))
+                      p->heads_kv, box))
         return FA_OK;
     fa_i_varlen_layout(&st, ws, seqs, sizeof(fa_i_tma_maps), call->stream);
     for (c = 62; c >= 0; --c)
@@ -6751,7 +6781,7 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
             fa_i_fa3_seq *e;
             if (fa_i_work_class(p->seqlen_q, nk) != c) continue;
             seq = fa_i_paged_tail(p, b, nk, &last);
-            if (!fa_i_fa3_maps(&seq, k, &st.maps.fwd[st.n_seqs])) return FA_OK; /* gathered */
+            if (!fa_i_fa3_maps(&seq, &boxed, &st.maps.fwd[st.n_seqs])) return FA_OK; /* gathered */
             if ((s = fa_i_varlen_fa3_tiles(&st, p->heads_q, blocks_m, p->causal)) != FA_OK) return s;
             e = fa_i_varlen_entry(&st);
             e->nq = p->seqlen_q, e->nk = nk;

@@ -3,8 +3,8 @@ and the append of k_new / v_new into the pages), forward, against the
 float64 reference of each sequence's gathered keys; the cache after the
 append; bad tables and sizes refused with nothing written; the same on the
 GPU (decode kernel over the pages; prefill chunks on the FA3 kernel reading
-the pages in place where its key tile divides the page, else gathered); the
-reference refuses."""
+the pages in place where its key tile divides the page or a page of 64 keys
+or more divides the tile, else gathered); the reference refuses."""
 import ctypes
 
 import numpy as np
@@ -140,8 +140,10 @@ case("paged_empty_sequence_f16", paged_case, cache_lens=[0, 40], seqlen_q=2, dty
      page_size=16, max_pages=4)
 
 # The GPU: seqlen_q <= 16 on the decode kernel reading the pages in place
-# (split or not), longer query chunks gathered per sequence onto the dense
-# kernels; page sizes from 1 to past the key tiles, empty sequences, appends.
+# (split or not), longer query chunks on the FA3 kernel reading them in
+# place (Hopper, powers of two from 64 that divide or are divided by its key
+# tile) or gathered per sequence onto the dense kernels; page sizes from 1
+# to past the key tiles, empty sequences, appends.
 for name, cfg in (
         ("decode_append_d128", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                     max_pages=64, heads_q=8, heads_kv=2, head_dim=128)),
@@ -203,6 +205,18 @@ for name, cfg in (
         ("prefill_in_place_page_128_24_sequences", dict(
             cache_lens=[17 * i + 90 for i in range(24)], seqlen_new=3, seqlen_q=300,
             page_size=128, max_pages=5, heads_q=8, heads_kv=4, causal=True)),
+        # pages smaller than the key tile, a box of keys from each: 2 boxes a
+        # tile of 128, and the unmasked long-key problem whose 176-key tile a
+        # page of 64 does not divide (t0 then); pages of 32 at d = 256 gather
+        ("prefill_in_place_page_64_d128_causal_gqa", dict(
+            cache_lens=[63, 64, 65, 1000], seqlen_new=5, seqlen_q=300, page_size=64,
+            max_pages=17, heads_q=8, heads_kv=2, head_dim=128, causal=True, poison=True)),
+        ("prefill_in_place_page_64_d128_long_keys", dict(
+            cache_lens=[8300], seqlen_q=20, page_size=64, max_pages=130, head_dim=128,
+            poison=True)),
+        ("prefill_gathered_page_32_d256_window", dict(
+            cache_lens=[15, 16, 17, 400], seqlen_q=100, page_size=32, max_pages=13,
+            head_dim=256, window=(50, 10), poison=True)),
         ("decode_poison_page_16", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                        max_pages=64, heads_q=8, heads_kv=2, head_dim=128,
                                        poison=True)),

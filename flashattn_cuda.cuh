@@ -55,7 +55,7 @@
        FA_I_PASS_HEAD_DIM  per head dim   the kernel table fa_i_kernels_<d>
          FA_I_PASS_DTYPE   per dtype
            FA_I_PASS_FA2_FWD              fa_i_fwd_fa2_<dt>_d<d>
-           FA_I_PASS_FA3_FWD   per tile   fa_i_fwd_fa3_<dt>_d<d>_t<v> (dt e4m3: FP8, t0 only)
+           FA_I_PASS_FA3_FWD   per tile   fa_i_fwd_fa3_<dt>_d<d>_t<v> (dt e4m3: FP8)
            FA_I_PASS_FA2_BWD_KV per tile  fa_i_bwd_kv_fa2[_dq]_<dt>_d<d>_s<kb>
            FA_I_PASS_FA2_BWD_Q            fa_i_bwd_q_fa2_<dt>_d<d>
            FA_I_PASS_FA3_BWD  dense, varlen fa_i_bwd_fa3_<dt>_d<d>[_varlen]
@@ -473,17 +473,29 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #define FA_I_FA3_FWD_L2HINTS(rows, keys, stages, qbufs, pingpong, softmax, l2) l2
 
 /* FA3 FP8 forward (Hopper, e4m3 Q, K, V): the FA3 forward's columns, with
-   SOFTMAX 0 and KEYS 64 or 128 (one descale of K and V per tile, V^T rows
-   of KEYS bytes); ROWS 0: none at that head dim.
+   SOFTMAX 0; a row per head dim and variant (ROWS 0: none). t0 serves every
+   problem: KEYS 64 or 128, so that a key tile has one descale of K and V
+   (a divisor of FA_FP8_BLOCK), V^T rows of KEYS bytes. t1 serves those
+   with one descale per head or tensor (fa_i_fp8_pick): KEYS 192, fewer
+   steps' fixed costs, V^T in chunks of 64 keys.
                                  ROWS KEYS STAGES QBUFS PINGPONG SOFTMAX L2HINTS */
-#ifndef FA_FA3_FP8_TILE_64
-#define FA_FA3_FP8_TILE_64        192, 128, 2,     1,    0,       0,      0
+#ifndef FA_FA3_FP8_TILE_64_0
+#define FA_FA3_FP8_TILE_64_0      192, 128, 2,     1,    0,       0,      0
 #endif
-#ifndef FA_FA3_FP8_TILE_128
-#define FA_FA3_FP8_TILE_128       128, 128, 2,     1,    0,       0,      0
+#ifndef FA_FA3_FP8_TILE_64_1
+#define FA_FA3_FP8_TILE_64_1      0,   0,   0,     0,    0,       0,      0
 #endif
-#ifndef FA_FA3_FP8_TILE_256
-#define FA_FA3_FP8_TILE_256       128, 64,  2,     1,    0,       0,      0
+#ifndef FA_FA3_FP8_TILE_128_0
+#define FA_FA3_FP8_TILE_128_0     128, 128, 2,     1,    0,       0,      0
+#endif
+#ifndef FA_FA3_FP8_TILE_128_1
+#define FA_FA3_FP8_TILE_128_1     128, 192, 2,     1,    0,       0,      0
+#endif
+#ifndef FA_FA3_FP8_TILE_256_0
+#define FA_FA3_FP8_TILE_256_0     128, 64,  2,     1,    0,       0,      0
+#endif
+#ifndef FA_FA3_FP8_TILE_256_1
+#define FA_FA3_FP8_TILE_256_1     0,   0,   0,     0,    0,       0,      0
 #endif
 
 /* FA3 backward (Hopper, atomic mode): one CTA of two warpgroups per key block.
@@ -1117,15 +1129,19 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
     } while (0)
 
 /* Issues acc += P V over kdim keys (one k32 step per wgmma) with P in e4m3
-   from registers, 4 per step, and V^T the K-major [d][kdim] tile at b (rows
-   of kdim = 64 or 128 bytes, keys in the order of P's registers: see
-   fa_i_fa3_transpose_v). The FP8 forward's O += P V. */
-#define FA_I_SM90_GEMM_RS8(WGMMA, acc, a, b, kdim)                                            \
+   from registers, 4 per step, and V^T the K-major tile at b of d rows:
+   [chunks][d][FA_I_VT_ROW(kdim)] (rows of 64 or 128 bytes; keys in the
+   order of P's registers: see fa_i_fa3_transpose_v). The FP8 forward's
+   O += P V. */
+#define FA_I_VT_ROW(kdim) ((kdim) <= 128 ? (kdim) : 64) /* a swizzle's row */
+#define FA_I_SM90_GEMM_RS8(WGMMA, acc, a, b, kdim, d)                                         \
     do {                                                                                      \
-        const uint64_t bd_ = fa_i_wgmma_desc_rows(b, kdim);                                   \
+        enum { VR_ = FA_I_VT_ROW(kdim) };                                                     \
+        const uint64_t bd_ = fa_i_wgmma_desc_rows(b, VR_);                                    \
         int k_;                                                                               \
-        _Pragma("unroll") for (k_ = 0; k_ < (kdim) / 32; ++k_)                                \
-            WGMMA(acc, (a) + 4 * k_, fa_i_desc_add(bd_, k_ * 32));                            \
+        _Pragma("unroll") for (k_ = 0; k_ < (kdim) / 32; ++k_) /* chunk k / (VR_ / 32) */      \
+            WGMMA(acc, (a) + 4 * k_,                                                          \
+                  fa_i_desc_add(bd_, (k_ / (VR_ / 32)) * (d) * VR_ + (k_ % (VR_ / 32)) * 32)); \
     } while (0)
 
 /* wgmma wrappers. The accumulator of m64nNk16 is N/2 floats per thread, each
@@ -1219,9 +1235,10 @@ static __device__ __forceinline__ uint64_t fa_i_desc_add(uint64_t desc, uint32_t
     FA_I_DEFINE_WGMMA_RS(256, 128, DT, "{%128,%129,%130,%131}", "%132", "%133")
 FA_I_DEFINE_WGMMA_SET(f16)
 FA_I_DEFINE_WGMMA_SET(bf16)
-/* FP8: S tiles of 64 or 128 keys, O tiles of d. */
+/* FP8: S tiles of 64, 128 or 192 keys, O tiles of d. */
 FA_I_DEFINE_WGMMA_SS_K(ss, "", 64, 32, 32, e4m3, "%32", "%33", "%34")
 FA_I_DEFINE_WGMMA_SS_K(ss, "", 128, 32, 64, e4m3, "%64", "%65", "%66")
+FA_I_DEFINE_WGMMA_SS_K(ss, "", 192, 32, 96, e4m3, "%96", "%97", "%98")
 FA_I_DEFINE_WGMMA_RS_K("", 64, 32, 32, e4m3, "{%32,%33,%34,%35}", "%36", "%37")
 FA_I_DEFINE_WGMMA_RS_K("", 128, 32, 64, e4m3, "{%64,%65,%66,%67}", "%68", "%69")
 FA_I_DEFINE_WGMMA_RS_K("", 256, 32, 128, e4m3, "{%128,%129,%130,%131}", "%132", "%133")
@@ -1952,7 +1969,7 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
    lane / 4) of S and O; element i of a row-pair array is column 8 (i / 4) +
    2 (lane % 4) + i % 2 of row r + 8 ((i / 2) % 2). Shared tiles are
    [d / 64][rows][64] with the 128-byte swizzle.
-   FP8 (FA_I_FP8, dtype e4m3, FA_FA3_FP8_TILE_<d>): the same kernel with k32
+   FP8 (FA_I_FP8, dtype e4m3, FA_FA3_FP8_TILE_<d>_<v>): the same kernel with k32
    wgmma over rows of min(d, 128) bytes, form 0's softmax with P shifted into
    [0, 256] and packed to e4m3, V landing in a ring of its own (svr) that
    warps 1-3 of the producer warpgroup transpose into sv as V^T
@@ -2151,11 +2168,13 @@ static __device__ __forceinline__ void fa_i_tma_map_acquire(const CUtensorMap *m
 static_assert(FA_I_FA3_FORM != 1 || FA_I_FA3_NC == 2,
               "flashattn: FA3 SOFTMAX form 1 needs two consumer warpgroups");
 static_assert(!FA_I_FP8 || (FA_I_FA3_FORM == 0 && FA_FP8_BLOCK % 64 == 0 &&
-                            (FA_I_FA3_BN == 64 || FA_I_FA3_BN == 128) &&
-                            FA_FP8_BLOCK % FA_I_FA3_BN == 0 && FA_I_FA3_O_APART),
-              "flashattn: FP8 tiles take SOFTMAX form 0, 64 or 128 keys within one "
-              "FA_FP8_BLOCK (one descale of K and V each; a warpgroup's 64 rows have one of "
-              "Q), and O's own buffer");
+                            (FA_I_V == 0 ? (FA_I_FA3_BN == 64 || FA_I_FA3_BN == 128) &&
+                                                   FA_FP8_BLOCK % FA_I_FA3_BN == 0
+                                             : FA_I_FA3_BN == 192) &&
+                            FA_I_FA3_O_APART),
+              "flashattn: FP8 tiles take SOFTMAX form 0 and O's own buffer; t0 64 or 128 keys "
+              "within one FA_FP8_BLOCK (one descale of K and V each; a warpgroup's 64 rows "
+              "have one of Q), t1 192 (one descale per head or tensor)");
 
 /* Issues S = Q K^T for this warpgroup's 64 rows (one commit group). A head
    dim below the tile's (d = 80 ... 224 on the tiles of 128 and 256) leaves
@@ -2207,7 +2226,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_pv)(const fa_params
 #if FA_I_FP8
     (void)p;
     fa_i_wgmma_fence();
-    FA_I_SM90_GEMM_RS8(FA_I_WGMMA_PV, o, pr, sv, BN);
+    FA_I_SM90_GEMM_RS8(FA_I_WGMMA_PV, o, pr, sv, BN, FA_I_D);
     fa_i_wgmma_commit();
 #elif FA_I_D == 256
     const int chunks = (p->head_dim_v + 63) / 64;
@@ -2618,8 +2637,9 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
 #if FA_I_FP8
 /* FP8's V^T: the wgmma's B operand must be K-major, so warps 1-3 of the
    producer warpgroup (warp 0 of 3 here) transpose each V tile the TMA
-   brought into svr ([chunks][BN keys][RB], rows of d) into sv ([d][BN
-   keys], rows of BN bytes, swizzled), key order within each 16 keys as P's
+   brought into svr ([chunks][BN keys][RB], rows of d) into sv ([BN / VR
+   chunks][d][VR keys], rows of VR = FA_I_VT_ROW(BN) bytes, swizzled), key
+   order within each 16 keys as P's
    registers have them (fa_i_fa3_rescale_pack): position 4t + j holds key
    2t + j % 2 + 8 (j / 2). A unit is 16 keys x 32 of d: one ldmatrix x4 with
    transpose reads keys 0-7 and 8-15 (matrices 0, 1; 2, 3 for d + 16), so a
@@ -2632,7 +2652,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(
 {
     enum {
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
-        RB = FA_I_FA3_RB, TILE = BN * D, KEY_UNITS = BN / 16, UNITS = KEY_UNITS * (D / 32)
+        RB = FA_I_FA3_RB, TILE = BN * D, KEY_UNITS = BN / 16, UNITS = KEY_UNITS * (D / 32),
+        VR = FA_I_VT_ROW(BN), VR_UNITS = VR / 16 /* a V^T row's 16-key units */
     };
     const uint32_t lane = threadIdx.x & 31, mi = lane >> 3, row = lane & 7;
     /* this lane's row of each matrix: the ldmatrix's key and d, the
@@ -2642,7 +2663,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(
     const uint32_t ld_key = 8 * (mi & 1) + row, ld_d = 16 * (mi >> 1);
     const uint32_t st_d = 16 * (mi >> 1) + 2 * row + (mi & 1);
     const uint32_t key_swz = RB == 128 ? ld_key & 7 : (ld_key >> 1) & 3;
-    const uint32_t vt_row_swz = BN == 128 ? st_d & 7 : (st_d >> 1) & 3;
+    const uint32_t vt_row_swz = VR == 128 ? st_d & 7 : (st_d >> 1) & 3;
     int64_t k;
     int it = 0, mb, h, b, have = fa_i_fa3_tile(p, maps, 0, BM, &mb, &h, &b);
     for (k = 0; have; ++k) {
@@ -2651,7 +2672,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(
         for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
             const uint32_t src = L->svr + r.stage * TILE + ld_key * RB;
-            const uint32_t dst = L->sv + r.stage * TILE + st_d * BN;
+            const uint32_t dst = L->sv + r.stage * TILE + st_d * VR;
             uint32_t u;
             fa_i_mbar_wait(L->vr_full + 8 * r.stage, r.phase);
             fa_i_mbar_wait(L->v_empty + 8 * r.stage, r.phase ^ 1);
@@ -2667,7 +2688,9 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_transpose_v)(
                 y[1] = __byte_perm(x[0], x[1], 0x7531);
                 y[2] = __byte_perm(x[2], x[3], 0x6420);
                 y[3] = __byte_perm(x[2], x[3], 0x7531);
-                fa_i_stsm_x4(dst + 32 * cd * BN + ((kg ^ vt_row_swz) << 4), y);
+                fa_i_stsm_x4(dst + kg / VR_UNITS * D * VR + 32 * cd * VR +
+                                 ((kg % VR_UNITS ^ vt_row_swz) << 4),
+                             y);
             }
             fa_i_fence_proxy_async();
             __syncwarp();
@@ -4838,15 +4861,26 @@ static __global__ void __launch_bounds__(256, 1)
 #if FA_I_FP8 /* e4m3: the FA3 forward only */
 #define FA_I_PASS FA_I_PASS_FA3_FWD
 #define FA_I_V 0
-#define FA_I_FA3_ROW FA_I_FA3_FP8_ROW
-#define FA_I_FA3_Q_BUFS FA_I_FA3_Q_BUFS_R((FA_I_FA3_FP8_ROW), 1)
-#define FA_I_FA3_O_APART FA_I_FA3_O_APART_R((FA_I_FA3_FP8_ROW), 1)
+#define FA_I_FA3_ROW FA_I_FA3_FP8_ROW_OF(0)
+#define FA_I_FA3_Q_BUFS FA_I_FA3_Q_BUFS_R((FA_I_FA3_FP8_ROW_OF(0)), 1)
+#define FA_I_FA3_O_APART FA_I_FA3_O_APART_R((FA_I_FA3_FP8_ROW_OF(0)), 1)
 #include "flashattn_cuda.cuh"
-#undef FA_I_PASS
 #undef FA_I_V
 #undef FA_I_FA3_ROW
 #undef FA_I_FA3_Q_BUFS
 #undef FA_I_FA3_O_APART
+#if FA_I_FA3_FP8_HAS(1)
+#define FA_I_V 1
+#define FA_I_FA3_ROW FA_I_FA3_FP8_ROW_OF(1)
+#define FA_I_FA3_Q_BUFS FA_I_FA3_Q_BUFS_R((FA_I_FA3_FP8_ROW_OF(1)), 1)
+#define FA_I_FA3_O_APART FA_I_FA3_O_APART_R((FA_I_FA3_FP8_ROW_OF(1)), 1)
+#include "flashattn_cuda.cuh"
+#undef FA_I_V
+#undef FA_I_FA3_ROW
+#undef FA_I_FA3_Q_BUFS
+#undef FA_I_FA3_O_APART
+#endif
+#undef FA_I_PASS
 #else
 #define FA_I_PASS FA_I_PASS_FA2_FWD
 #include "flashattn_cuda.cuh"
@@ -5055,15 +5089,20 @@ static_assert(FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW) <= 16 * FA_I_TILE_SLICES &
 #define FA_I_FA3_Q_BUFS_OF(v) FA_I_FA3_Q_BUFS_R((FA_I_FA3_ROW_OF(v)), 2)
 #define FA_I_FA3_O_APART_OF(v) FA_I_FA3_O_APART_R((FA_I_FA3_ROW_OF(v)), 2)
 #define FA_I_FA3_SMEM(v) FA_I_FA3_SMEM_R((FA_I_FA3_ROW_OF(v)), 2)
-/* The FP8 forward's row; its checks */
-#define FA_I_FA3_FP8_ROW FA_I_CAT(FA_FA3_FP8_TILE_, FA_I_D)
-#define FA_I_FA3_FP8_HAS (FA_FA3_OVERLAP && FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) > 0)
-static_assert(!FA_I_FA3_FP8_HAS || FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1) <= FA_I_SM90_SMEM_MAX,
-              "flashattn: FA3 FP8 tiles exceed shared memory");
-static_assert(!FA_I_FA3_FP8_HAS ||
-                  FA_I_D / 2 + 5 * FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_FP8_ROW) / 8 + 24 <=
-                      FA_I_SM90_CONSUMER_REGS_OF(FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64, 1),
-              "flashattn: FA3 FP8 accumulators exceed the consumer registers");
+/* The FP8 forward's rows; their checks */
+#define FA_I_FA3_FP8_ROW_OF(v) FA_I_CAT(FA_I_CAT(FA_FA3_FP8_TILE_, FA_I_D), FA_I_CAT(_, v))
+#define FA_I_FA3_FP8_HAS(v) (FA_FA3_OVERLAP && FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW_OF(v)) > 0)
+#define FA_I_FA3_FP8_CHECK(v)                                                                \
+    static_assert(!FA_I_FA3_FP8_HAS(v) ||                                                    \
+                      FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW_OF(v)), 1) <= FA_I_SM90_SMEM_MAX,    \
+                  "flashattn: FA3 FP8 tiles exceed shared memory");                          \
+    static_assert(!FA_I_FA3_FP8_HAS(v) ||                                                    \
+                      FA_I_D / 2 + 5 * FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_FP8_ROW_OF(v)) / 8 + 24 <= \
+                          FA_I_SM90_CONSUMER_REGS_OF(                                        \
+                              FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW_OF(v)) / 64, 1),      \
+                  "flashattn: FA3 FP8 accumulators exceed the consumer registers")
+FA_I_FA3_FP8_CHECK(0);
+FA_I_FA3_FP8_CHECK(1);
 #define FA_I_FA3_Q_BUFS_0 FA_I_FA3_Q_BUFS_OF(0)
 #define FA_I_FA3_O_APART_0 FA_I_FA3_O_APART_OF(0)
 #define FA_I_FA3_Q_BUFS_1 FA_I_FA3_Q_BUFS_OF(1)
@@ -5098,7 +5137,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #else
 #define FA_I_HAS_FA3 0
 #define FA_I_FA3_HAS(v) 0
-#define FA_I_FA3_FP8_HAS 0
+#define FA_I_FA3_FP8_HAS(v) 0
 #endif
 
 #undef FA_I_PASS
@@ -5113,7 +5152,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #include "flashattn_cuda.cuh"
 #undef FA_I_DT
 #endif
-#if FA_I_FA3_FP8_HAS && (FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 3)
+#if FA_I_FA3_FP8_HAS(0) && (FA_CUDA_DTYPE == 0 || FA_CUDA_DTYPE == 3)
 #define FA_I_DT e4m3
 #include "flashattn_cuda.cuh"
 #undef FA_I_DT
@@ -5168,17 +5207,22 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
-#if FA_I_FA3_FP8_HAS /* e4m3: the FA3 forward alone */
+#if FA_I_FA3_FP8_HAS(0) /* e4m3: the FA3 forward alone */
+#define FA_I_FP8_FWD_ENTRY(v)                                                                \
+    {FA_I_KERNEL_OF(fa_i_fwd_fa3, e4m3, FA_I_CAT(_t, v)),                                    \
+     FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW_OF(v)), FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_FP8_ROW_OF(v)), \
+     128 * (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW_OF(v)) / 64 + 1),                       \
+     FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW_OF(v)), 1)}
+#if FA_I_FA3_FP8_HAS(1)
+#define FA_I_FP8_FWD_ENTRIES {FA_I_FP8_FWD_ENTRY(0), FA_I_FP8_FWD_ENTRY(1)}
+#else
+#define FA_I_FP8_FWD_ENTRIES {FA_I_FP8_FWD_ENTRY(0), FA_I_NO_KERNEL}
+#endif
 #define FA_I_FP8_ENTRY                                                                       \
     {FA_I_NO_KERNEL,                                                                         \
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
-     FA_I_NO_KERNEL,                                                                         \
-     {{FA_I_KERNEL_OF(fa_i_fwd_fa3, e4m3, _t0), FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW),    \
-       FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_FP8_ROW),                                            \
-       128 * (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_FP8_ROW) / 64 + 1),                           \
-       FA_I_FA3_SMEM_R((FA_I_FA3_FP8_ROW), 1)},                                                \
-      FA_I_NO_KERNEL},                                                                       \
+     FA_I_NO_KERNEL, FA_I_FP8_FWD_ENTRIES,                                                   \
      FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
@@ -5223,6 +5267,8 @@ static
 #undef FA_I_FA3_BWD_ENTRY
 #undef FA_I_ENTRY
 #undef FA_I_FP8_ENTRY
+#undef FA_I_FP8_FWD_ENTRY
+#undef FA_I_FP8_FWD_ENTRIES
 #undef FA_I_DECODE_ENTRY
 #undef FA_I_DECODE_ROW
 #undef FA_I_DECODE_MAX_ROWS
@@ -5245,7 +5291,8 @@ static
 #undef FA_I_FA3_Q_BUFS_R
 #undef FA_I_FA3_O_APART_R
 #undef FA_I_FA3_SMEM_R
-#undef FA_I_FA3_FP8_ROW
+#undef FA_I_FA3_FP8_ROW_OF
+#undef FA_I_FA3_FP8_CHECK
 #undef FA_I_FA3_Q_BUFS_OF
 #undef FA_I_FA3_O_APART_OF
 #undef FA_I_FA3_SMEM
@@ -5732,10 +5779,16 @@ static fa_status fa_i_plan_forward(const fa_params *params, size_t workspace,
     plan->workspace = 0;
     if (plan->p.dtype == FA_DTYPE_FP8_E4M3) { /* the FA3 kernel or nothing */
 #if FA_I_SM90 && FA_VARIANT == 2
-        plan->fa3 = &plan->k->fa3_fwd[0];
+        /* t1's 192-key tiles where K and V have one descale per head or
+           tensor (a tile of t0 sits in one FA_FP8_BLOCK), else t0 */
+        const fa_i_kernel *wide = &plan->k->fa3_fwd[1];
         if (plan->p.num_splits > 1)
             return fa_i_fail(FA_ERR_UNSUPPORTED, "num_splits %d: fp8 takes no key splits",
                              plan->p.num_splits);
+        plan->fa3 = wide->fn && plan->p.fp8_scaling != FA_FP8_SCALE_BLOCK &&
+                            fa_i_fa3_compiled(wide->fn, wide->smem, &dev)
+                        ? wide
+                        : &plan->k->fa3_fwd[0];
         if (fa_i_fa3_ready(&plan->p, plan->fa3, &dev, &plan->maps, &plan->ctas)) {
             plan->algorithm = 3;
             return FA_OK;

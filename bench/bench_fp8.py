@@ -8,7 +8,8 @@
    descales and the Hadamard rotation of Q and K (fa_cuda_quantize_fp8),
    also with power-of-two descales (pow2_descale).
 2. Speed: the FP8 forward (block descales as amax / 448 and as powers of
-   two) against our bf16 forward on the same shapes, and cuDNN's FP8
+   two, and one descale per head, as FlashAttention-3 takes them) against
+   our bf16 forward on the same shapes, and cuDNN's FP8
    attention where its frontend is installed (../shared/peers), side by side
    in one process (the sweep of bench_gpu.py: hidden 2048, B N = 16384),
    every FP8 output checked against the bf16 one first.
@@ -79,6 +80,14 @@ def quantize_qkv(q, k, v, hadamard=True, pow2=False):
     ([codes of Q, K, V], [their block descales])."""
     out = [quantize_gpu(x, had, pow2) for x, had in ((q, hadamard), (k, hadamard), (v, False))]
     return [c for c, _, _ in out], [ds for _, ds, _ in out]
+
+
+def quantize_head(x):
+    """bf16 [B, N, H, d] on the device -> (e4m3 codes, [B, H] descales amax / 448),
+    one descale per (batch, head), by PyTorch's float8 cast."""
+    ds = (x.float().abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-30)
+    codes = (x.float() / ds[:, None, :, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    return codes.contiguous(), ds.contiguous()
 
 
 def quantize_cpu_tensor(x):
@@ -253,6 +262,8 @@ def speed(dims, sizes, rounds, reps, warm_s):
                 # the same with power-of-two descales (fa_quantize_params.pow2_descale)
                 codes2, ds2 = quantize_qkv(q, k, v, pow2=True)
                 f8p = Attention(*codes2, causal, ds2)
+                heads = [quantize_head(x) for x in (q, k, v)]
+                f8h = Attention(*(c for c, _ in heads), causal, [ds for _, ds in heads], "head")
                 # Correct first: FP8 (with the rotation, which keeps Q K^T) against bf16.
                 o_bf = bf.forward().float().clone()
                 o_f8 = f8.forward().float()
@@ -261,8 +272,11 @@ def speed(dims, sizes, rounds, reps, warm_s):
                 assert err < 0.08, f"d={d} N={n} causal={causal}: fp8 vs bf16 error {err:.3g}"
                 err2 = ((f8p.forward().float() - o_bf).norm() / o_bf.norm()).item()
                 assert err2 < 0.08, f"d={d} N={n} causal={causal}: fp8 pow2 vs bf16 error {err2:.3g}"
+                err3 = ((f8h.forward().float() - o_bf).norm() / o_bf.norm()).item()
+                assert err3 < 0.08, f"d={d} N={n} causal={causal}: fp8 head vs bf16 error {err3:.3g}"
                 flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
-                fns = {"bf16": bf.forward, "fp8": f8.forward, "fp8_pow2": f8p.forward}
+                fns = {"bf16": bf.forward, "fp8": f8.forward, "fp8_pow2": f8p.forward,
+                       "fp8_head": f8h.forward}
                 peer = cudnn_fp8(q, k, v, causal)
                 if peer is not None:
                     c_err = ((peer[1] - o_bf).norm() / o_bf.norm()).item()
@@ -270,18 +284,21 @@ def speed(dims, sizes, rounds, reps, warm_s):
                         fns["cudnn_fp8"] = peer[0]
                     else:
                         print(f"cuDNN FP8: d={d} N={n} causal={causal}: error {c_err:.3g}, not timed")
-                for name, lib in EXTRA.items():
-                    impl = Attention(*codes, causal, ds, lib=lib)
-                    if impl.algorithm() != 3:
-                        continue
-                    o_x = impl.forward().float()
-                    torch.cuda.synchronize()
-                    x_err = ((o_x - o_bf).norm() / o_bf.norm()).item()
-                    if TIMING_ONLY:
-                        print(f"{name}: d={d} N={n} causal={causal}: error {x_err:.3g}")
-                    else:
-                        assert x_err < 0.08, f"{name}: d={d} N={n} causal={causal}: error {x_err:.3g}"
-                    fns[name] = impl.forward
+                for name, lib in EXTRA.items():  # block descales, then one a head
+                    for key, impl in ((name, Attention(*codes, causal, ds, lib=lib)),
+                                      (name + "_head",
+                                       Attention(*(c for c, _ in heads), causal,
+                                                 [x for _, x in heads], "head", lib=lib))):
+                        if impl.algorithm() != 3:
+                            continue
+                        o_x = impl.forward().float()
+                        torch.cuda.synchronize()
+                        x_err = ((o_x - o_bf).norm() / o_bf.norm()).item()
+                        if TIMING_ONLY:
+                            print(f"{key}: d={d} N={n} causal={causal}: error {x_err:.3g}")
+                        else:
+                            assert x_err < 0.08, f"{key}: d={d} N={n} causal={causal}: error {x_err:.3g}"
+                        fns[key] = impl.forward
                 times = alternating_ms(fns, rounds, reps, warm_s)
                 row = dict(d=d, n=n, causal=causal, batch=b, heads=h, err_vs_bf16=err,
                            algorithm=f8.algorithm())
@@ -289,7 +306,7 @@ def speed(dims, sizes, rounds, reps, warm_s):
                     row[key] = flops / statistics.median(times[key]) / 1e9
                 rows.append(row)
                 print(row, flush=True)
-                del q, k, v, codes, codes2, bf, f8, f8p
+                del q, k, v, codes, codes2, heads, bf, f8, f8p, f8h
     return rows
 
 
@@ -334,14 +351,16 @@ def write(out, acc, spd, qnt):
                      f"{r['fp8_tensor'] / r['fp8_block_hadamard']:.2f} |")
     lines += ["", "## Speed (TFLOP/s; hidden 2048, B N = 16384; same process, alternating rounds)\n",
               "| d | N | causal | bf16 | FP8 | FP8 / bf16 | FP8, power-of-two descales | "
-              "its / bf16 | cuDNN FP8 (per tensor) | ours pow2 / cuDNN | rel. diff vs bf16 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "its / bf16 | FP8, a descale per head | its / bf16 | cuDNN FP8 (per tensor) | "
+              "ours per head / cuDNN | rel. diff vs bf16 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in spd:
         cud = r.get("cudnn_fp8")
-        peer = f"{cud:.0f} | {r['fp8_pow2'] / cud:.2f}" if cud else "- | -"
+        peer = f"{cud:.0f} | {r['fp8_head'] / cud:.2f}" if cud else "- | -"
         lines.append(f"| {r['d']} | {r['n']} | {int(r['causal'])} | {r['bf16']:.0f} | {r['fp8']:.0f} | "
                      f"{r['fp8'] / r['bf16']:.2f} | {r['fp8_pow2']:.0f} | "
-                     f"{r['fp8_pow2'] / r['bf16']:.2f} | {peer} | {r['err_vs_bf16']:.3f} |")
+                     f"{r['fp8_pow2'] / r['bf16']:.2f} | {r['fp8_head']:.0f} | "
+                     f"{r['fp8_head'] / r['bf16']:.2f} | {peer} | {r['err_vs_bf16']:.3f} |")
     ran = any(r.get("cudnn_fp8") for r in spd)
     lines += ["", ("cuDNN FP8: its Python frontend's sdpa_fp8 in the same process (one descale "
                    "per tensor, O in e4m3). " if ran else

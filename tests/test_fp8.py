@@ -373,6 +373,22 @@ for d in (64, 128, 256):
     case(f"gpu_fp8_fwd_d{d}_one_key_per_row_pow2", gpu_fp8_forward, seqlen_q=640, seqlen_k=640,
          head_dim=d, scale=16.0, spikes=False, k_is_q=True, pow2=True)
 
+# One descale per head or tensor: d = 128 on the 192-key tiles (t1), V^T in
+# chunks of 64 keys, whose key order one key per row shows.
+for name, cfg in (
+        ("one_key_per_row", dict(seqlen_q=640, seqlen_k=640, scale=16.0, spikes=False,
+                                 k_is_q=True)),
+        ("causal_gqa", dict(seqlen_q=400, seqlen_k=400, causal=True, heads_q=6, heads_kv=2,
+                            hadamard=True)),
+        ("window_softcap", dict(seqlen_q=333, seqlen_k=777, window=(100, 20), softcap=15.0,
+                                scale=0.5)),
+        ("causal_nq_lt_nk_f16", dict(seqlen_q=129, seqlen_k=1000, causal=True, o_dtype="f16")),
+        ("len_1_193", dict(seqlen_q=1, seqlen_k=193)),
+        ("len_1000_1000", dict(seqlen_q=1000, seqlen_k=1000))):
+    case(f"gpu_fp8_fwd_d128_head_{name}", gpu_fp8_forward, head_dim=128, scaling="head", **cfg)
+case("gpu_fp8_fwd_d128_tensor_one_key_per_row", gpu_fp8_forward, seqlen_q=640, seqlen_k=640,
+     head_dim=128, scale=16.0, spikes=False, k_is_q=True, scaling="tensor")
+
 
 # ---- bad input ---------------------------------------------------------------
 

@@ -2045,25 +2045,29 @@ static __device__ __forceinline__ void fa_i_fa3_pv_landed(const fa_i_fa3_smem *L
    rows), or 0 when it has no more. CTAs take pairs of tiles in turn (pair
    u: tiles 2u and 2u + 1); within a head the query blocks run M-1, 0, M-2,
    1, ... under causal masking, so every pair holds one heavy and one light
-   block and static turns stay balanced. Query blocks vary fastest: CTAs
-   running together share a head's K and V in L2. Varlen: the tiles of
-   maps->tiles (the host's order), *b the schedule's sequence. */
+   block and static turns stay balanced. Where the grid has a CTA for every
+   tile (fa_i_fa3_ctas: no more tiles than SMs) each takes one: pairs would
+   leave half the SMs idle. Query blocks vary fastest: CTAs running
+   together share a head's K and V in L2. Varlen: the tiles of maps->tiles
+   (the host's order), *b the schedule's sequence. */
 static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, const fa_i_tma_maps *maps,
                                                     int64_t k, int bm, int *mb, int *h, int *b)
 {
-    const int64_t t = 2 * (blockIdx.x + (k >> 1) * gridDim.x) + (k & 1);
     const int blocks_m = (p->seqlen_q + bm - 1) / bm;
+    const int64_t tiles = maps->seqs ? maps->num_tiles : (int64_t)blocks_m * p->heads_q * p->batch;
+    const int64_t t = gridDim.x >= tiles ? blockIdx.x + k * gridDim.x
+                                         : 2 * (blockIdx.x + (k >> 1) * gridDim.x) + (k & 1);
     int r;
     if (maps->seqs) { /* the host's list */
         int2 e;
-        if (t >= maps->num_tiles) return 0;
+        if (t >= tiles) return 0;
         e = maps->tiles[(int)t];
         *b = e.x;
         *h = (int)((uint32_t)e.y >> 16);
         *mb = e.y & 0xffff;
         return 1;
     }
-    if (t >= (int64_t)blocks_m * p->heads_q * p->batch) return 0;
+    if (t >= tiles) return 0;
     if (t <= 0xFFFFFFFF) { /* 32-bit divisions where they do: far cheaper */
         const uint32_t hb = (uint32_t)t / (uint32_t)blocks_m;
         r = (int)((uint32_t)t - hb * (uint32_t)blocks_m);
@@ -5638,10 +5642,12 @@ static int fa_i_fa3_maps(const fa_params *p, const fa_i_kernel *k, fa_i_tma_maps
            fa_i_tma_map(&maps->o, p->o, &p->o_layout, p, p->o_dtype, dv, p->seqlen_q, hq, 64);
 }
 
-/* The persistent grid for `tiles` tiles: one CTA per SM or per pair of
-   tiles, whichever is fewer. */
+/* The persistent grid for `tiles` tiles: a CTA per tile where they are no
+   more than the SMs, else one CTA per SM or per pair of tiles, whichever
+   is fewer (fa_i_fa3_tile). */
 static int fa_i_fa3_ctas(int64_t tiles, const fa_i_device *dev)
 {
+    if (tiles <= dev->sms) return (int)tiles;
     return (tiles + 1) / 2 < dev->sms ? (int)((tiles + 1) / 2) : dev->sms;
 }
 

@@ -596,6 +596,7 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa3_bwd_varlen; /* its instance for a ragged batch in one launch */
     fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
     fa_i_kernel decode_general; /* the same over a paged cache or a smaller head dim */
+    fa_i_kernel decode_wg;  /* Hopper: 64 rows by wgmma (dense) */
     int head_dim;           /* the tiles' (a problem's may be smaller: >> host) */
 } fa_i_kernels;
 
@@ -1351,6 +1352,15 @@ static __device__ __forceinline__ int64_t fa_i_dev_offset(const fa_layout *l, in
 #define FA_I_SMEM_AT(row, col, ld) \
     ((row) * (ld) + ((ld) % 64 == 0 ? ((((col) >> 3) ^ ((row) & 7)) << 3) | ((col) & 7) : (col)))
 
+/* Element offset of 16-byte chunk x (already swizzled) within a row of a
+   tile of pitch ld: x * 8, or with ld = 64 below d, where the tile is
+   [d / 64][rows][64], in 64-column slab x / 8 (the swizzle keeps a chunk
+   in its slab). */
+static __device__ __forceinline__ int fa_i_slab_at(int x, int ld, int d, int rows)
+{
+    return ld == 64 && d > 64 ? (x >> 3) * rows * 64 + (x & 7) * 8 : x * 8;
+}
+
 /* Where a paged tile's rows are (>> decode; NULL or no table: dense rows). With
    page_size a multiple of 16 (`sliced`), slice s of the tile (its rows
    16 s .. 16 s + 15) is rows in_page[s] + 0..15 of page page[s], found a tile
@@ -1412,7 +1422,9 @@ static __device__ __forceinline__ void fa_i_tile_pages_next(fa_i_tile_pages *tp,
    thread's row); 2 a page looked up for each row copied. Pages sit
    page_stride elements apart from g. Columns from `cols` (the problem's
    head dim, a multiple of 8, where it is below the tile's d) are
-   zero-filled, read from nowhere. */
+   zero-filled, read from nowhere. With ld = 64 below d the tile is
+   [d / 64][tile_rows][64] (fa_i_slab_at: the wgmma's K-major tile with the
+   128-byte swizzle, >> decode's wgmma kernel). */
 static __device__ __forceinline__ void fa_i_async_rows_as(const int mode, uint16_t *smem,
                                                           const uint16_t *g, int64_t stride,
                                                           const fa_i_tile_pages *tp, int page_size,
@@ -1449,7 +1461,7 @@ static __device__ __forceinline__ void fa_i_async_rows_as(const int mode, uint16
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {
                 const int there = valid && 8 * (chunk0 + c * tpr) < cols;
-                fa_i_cp_async16(smem + pass * step * ld + (x + c * tpr) * 8,
+                fa_i_cp_async16(smem + pass * step * ld + fa_i_slab_at(x + c * tpr, ld, d, tile_rows),
                                 there ? from + c * tpr * 8 : g, there ? 16 : 0);
             }
         }
@@ -3085,17 +3097,75 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
      S = Q K^T (16 x 16 STEP, all of d), softcap, mask, online softmax,
      O[:, its columns] += P V
    At the end the KS warps of a (row tile, column part) merge their (m, l, O)
-   through shared memory. */
+   through shared memory. On Hopper, more than 32 packed rows of a dense
+   problem at d = 64 or 128 run the wgmma kernel (_wg): the same CTA, ring
+   and schedule, its 4 warps one warpgroup over 64 rows, each key tile's
+   S = Q K^T and O += P V one wgmma chain each (fa_i_decode_wg_step): at 16
+   query tokens and group 4, mma.sync's per-warp chains were latency-bound
+   below the H200's memory rate (DESIGN.md, decode). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS)
 #define FA_I_DECODE_MAX_Q 16
 #define FA_I_DECODE_WARPS 4
+/* The head dims with the wgmma kernel (Hopper builds): a warpgroup's O of d
+   columns beside S in its registers. */
+#define FA_I_DECODE_WG (FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128))
 #endif
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
 #define FA_I_DEC(column) FA_I_COL(DECODE, column, FA_I_CAT(FA_DECODE_TILE_, FA_I_D))
+/* The scores of nb 8-key column blocks (keys c0 ...) of a warp's 16 rows to
+   P, in place: softcap, mask, the online softmax against (m_run, l_run),
+   O's no column blocks rescaled where a row's max rose. s and o in the
+   accumulator layout of mma.sync and wgmma alike (element e of block i: row
+   lane / 4 + 8 (e / 2), column 8 i + 2 (lane % 4) + e % 2). */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_softmax)(
+    const fa_params *p, float (*s)[4], const int nb, const int c0, float (*o)[4], const int no,
+    float *m_run, float *l_run, const int *lo, const int *hi, const int all_lo,
+    const int all_hi, const float log2_scale)
+{
+    const int lane = threadIdx.x & 31;
+    float alpha[2];
+    int i, e;
+    if (p->softcap > 0.0f)
+#pragma unroll
+        for (i = 0; i < nb; ++i)
+#pragma unroll
+            for (e = 0; e < 4; ++e) s[i][e] = fa_i_score(p, s[i][e]);
+    if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + 8 * nb))
+#pragma unroll
+        for (i = 0; i < nb; ++i)
+#pragma unroll
+            for (e = 0; e < 4; ++e) {
+                const int col = c0 + 8 * i + 2 * (lane & 3) + (e & 1);
+                if (col < lo[e >> 1] || col >= hi[e >> 1]) s[i][e] = -INFINITY;
+            }
+#pragma unroll
+    for (e = 0; e < 2; ++e) { /* online softmax of row half e */
+        float mx = -INFINITY, ref, sum = 0.0f;
+#pragma unroll
+        for (i = 0; i < nb; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * e], s[i][2 * e + 1]));
+        ref = fa_i_row_max_step(mx, log2_scale, &m_run[e], &alpha[e]);
+#pragma unroll
+        for (i = 0; i < nb; ++i) {
+            s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));
+            s[i][2 * e + 1] = fa_i_dev_exp2(fmaf(s[i][2 * e + 1], log2_scale, -ref));
+            sum += s[i][2 * e] + s[i][2 * e + 1];
+        }
+        l_run[e] = l_run[e] * alpha[e] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
+#pragma unroll
+        for (i = 0; i < no; ++i) {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        }
+}
+
 /* One warp's step over w slices of 16 keys (w = 1 or 2, a constant at each
-   call), keys c_tile + 16 w j ...: S = Q K^T, softcap, mask, the online
-   softmax, O[:, its columns] += P V. Two slices a step give the warp two
+   call), keys c_tile + 16 w j ...: S = Q K^T, then fa_i_decode_softmax,
+   then O[:, its columns] += P V. Two slices a step give the warp two
    independent S chains and one softmax pass over 32 keys: where a warp owns
    a whole row tile (many packed rows) it runs every slice of each tile in
    one dependent chain, with one other warp on its scheduler to hide it. */
@@ -3107,9 +3177,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
 {
     enum { D = FA_I_D, DW = D / FA_I_DEC(DSPLIT), BF16 = FA_I_IS_BF16 };
     const int lane = threadIdx.x & 31, c0 = c_tile + 16 * w * j;
-    float s[4][4], alpha[2];
+    float s[4][4];
     uint32_t pa[2][4];
-    int i, u, e;
+    int i, u;
     fa_i_zero_acc(s, 2 * w);
 #pragma unroll
     for (i = 0; i < D / 16; ++i) /* S = Q K^T over the step's keys */
@@ -3120,41 +3190,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
             fa_i_mma(s[2 * u], qa[i], kb[0], kb[1], BF16);
             fa_i_mma(s[2 * u + 1], qa[i], kb[2], kb[3], BF16);
         }
-    if (p->softcap > 0.0f)
-#pragma unroll
-        for (i = 0; i < 2 * w; ++i)
-#pragma unroll
-            for (e = 0; e < 4; ++e) s[i][e] = fa_i_score(p, s[i][e]);
-    if (FA_I_TILE_MASKED(all_hi, all_lo, c0, c0 + 16 * w))
-#pragma unroll
-        for (i = 0; i < 2 * w; ++i)
-#pragma unroll
-            for (e = 0; e < 4; ++e) {
-                const int col = c0 + 8 * i + 2 * (lane & 3) + (e & 1);
-                if (col < lo[e >> 1] || col >= hi[e >> 1]) s[i][e] = -INFINITY;
-            }
-#pragma unroll
-    for (e = 0; e < 2; ++e) { /* online softmax of row half e */
-        float mx = -INFINITY, ref, sum = 0.0f;
-#pragma unroll
-        for (i = 0; i < 2 * w; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * e], s[i][2 * e + 1]));
-        ref = fa_i_row_max_step(mx, log2_scale, &m_run[e], &alpha[e]);
-#pragma unroll
-        for (i = 0; i < 2 * w; ++i) {
-            s[i][2 * e] = fa_i_dev_exp2(fmaf(s[i][2 * e], log2_scale, -ref));
-            s[i][2 * e + 1] = fa_i_dev_exp2(fmaf(s[i][2 * e + 1], log2_scale, -ref));
-            sum += s[i][2 * e] + s[i][2 * e + 1];
-        }
-        l_run[e] = l_run[e] * alpha[e] + sum;
-    }
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-#pragma unroll
-        for (i = 0; i < DW / 8; ++i) {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
-        }
+    FA_I_KNAME(fa_i_decode_softmax)(p, s, 2 * w, c0, o, DW / 8, m_run, l_run, lo, hi, all_lo,
+                                    all_hi, log2_scale);
 #pragma unroll
     for (u = 0; u < w; ++u) FA_I_ACC_AS_A(pa[u], s, u);
 #pragma unroll
@@ -3168,13 +3205,50 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
         }
 }
 
+#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* The wgmma kernel's step over a whole key tile (keys c_tile ..., BN of
+   them): S = Q K^T for the CTA's 64 rows by SS wgmma from the [d / 64][rows]
+   [64] tiles at shared addresses sq and skt, fa_i_decode_softmax on each
+   warp's 16 rows, O += P V by RS wgmma (P from registers, V the tile at
+   svt). */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_wg_step)(
+    const fa_params *p, const uint32_t sq, const uint32_t skt, const uint32_t svt,
+    const int c_tile, float (*o)[4], float *m_run, float *l_run, const int *lo, const int *hi,
+    const int all_lo, const int all_hi, const float log2_scale)
+{
+    enum { D = FA_I_D, BN = FA_I_DEC(KEYS) };
+    float s[BN / 8][4];
+    uint32_t pa[BN / 16][4];
+    int i;
+    fa_i_wgmma_fence();
+    FA_I_SM90_GEMM_NT(FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), FA_I_CAT(_n, FA_I_DEC(KEYS))),
+                      &s[0][0], sq, 64, skt, BN);
+    fa_i_wgmma_commit();
+    FA_I_WGMMA_WAIT(0);
+    fa_i_fence_f32(&s[0][0], BN / 2);
+    FA_I_KNAME(fa_i_decode_softmax)(p, s, BN / 8, c_tile, o, D / 8, m_run, l_run, lo, hi, all_lo,
+                                    all_hi, log2_scale);
+#pragma unroll
+    for (i = 0; i < BN / 16; ++i) FA_I_ACC_AS_A(pa[i], s, i);
+    fa_i_wgmma_fence();
+    FA_I_SM90_GEMM_RS(FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D)), &o[0][0],
+                      &pa[0][0], svt, BN, BN);
+    fa_i_wgmma_commit();
+    FA_I_WGMMA_WAIT(0);
+    fa_i_fence_f32(&o[0][0], D / 2);
+}
+#endif
+
 /* The kernel's body. `general` (a constant of each kernel below) takes a
    paged cache, or head dims below the tile's (columns masked); the kernel
    for the rest (dense, d = the tile's) carries neither: both paths in one
-   kernel slowed the dense one (DESIGN.md, paged caches). */
+   kernel slowed the dense one (DESIGN.md, paged caches). `wg` (Hopper,
+   dense, 4 row tiles): the CTA's 64 rows as one warpgroup's wgmma tile
+   (fa_i_decode_wg_step), Q and the ring as [d / 64][rows][64] tiles with
+   the 128-byte swizzle, 1 KB aligned. */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_params *params,
                                                                    const fa_i_decode_args a,
-                                                                   const int general)
+                                                                   const int general, const int wg)
 {
     enum {
         D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES), DS = FA_I_DEC(DSPLIT),
@@ -3183,7 +3257,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         MAX_ROWS = 16 * FA_I_DECODE_WARPS / DS, SLOT = 16 * DW + 32 /* a warp's (O, m, l) */
     };
     extern __shared__ uint4 fa_i_smem[];
-    uint16_t *sq = (uint16_t *)fa_i_smem, *sk = sq + MAX_ROWS * LD, *sv = sk + STAGES * BN * LD;
+    uint16_t *sq = (uint16_t *)fa_i_smem + (wg ? (0u - fa_i_smem_addr(fa_i_smem)) % 1024 / 2 : 0);
+    uint16_t *sk = sq + MAX_ROWS * LD, *sv = sk + STAGES * BN * LD;
+    const int kld = wg ? 64 : LD; /* the ring's pitch (wg: 64-column slabs) */
     fa_params p = *params;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int rt_count = a.row_tiles, rows = 16 * rt_count;
@@ -3254,7 +3330,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         const uint16_t *src = (const uint16_t *)p.q;
         if (valid)
             src += fa_i_dev_offset(&p.q_layout, b, hk * group + pr % group, pr / group) + c;
-        fa_i_cp_async16(sq + FA_I_SMEM_AT(r, c, LD), src, valid ? 16 : 0);
+        fa_i_cp_async16(sq + (wg ? (c >> 6) * 64 * 64 + FA_I_SMEM_AT(r, c & 63, 64)
+                                 : FA_I_SMEM_AT(r, c, LD)),
+                        src, valid ? 16 : 0);
     }
     /* the ring's first tiles, a commit group each; a sliced paged tile's
        pages are looked up a tile ahead of its copy (in the key loop, during
@@ -3266,29 +3344,41 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         if (i == STAGES - 1) break;
         if (n_begin + i < n_end)
             fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, &tp, (n_begin + i) * BN,
-                          BN, D, cols_k, cols_v, LD, tid, NT);
+                          BN, D, cols_k, cols_v, kld, tid, NT);
         fa_i_cp_async_commit();
     }
     FA_I_CP_ASYNC_WAIT(STAGES - 2); /* Q has landed (the first commit group) */
     __syncthreads();
+    if (!wg)
 #pragma unroll
-    for (i = 0; i < D / 16; ++i) FA_I_LOAD_A(qa[i], sq, LD, 16 * rt, 16 * i);
+        for (i = 0; i < D / 16; ++i) FA_I_LOAD_A(qa[i], sq, LD, 16 * rt, 16 * i);
     for (n = n_begin; n < n_end; ++n) {
         const int stage = (n - n_begin) % STAGES, c_tile = n * BN;
         const uint16_t *skt = sk + stage * BN * LD, *svt = sv + stage * BN * LD;
         /* tile n has landed and every warp is done with tile n - 1, whose
-           stage tile n + STAGES - 1 then takes */
+           stage tile n + STAGES - 1 then takes (wg: the copies made visible
+           to the wgmma's async proxy first) */
         FA_I_CP_ASYNC_WAIT(STAGES - 2);
+#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        if (wg) fa_i_fence_proxy_async();
+#endif
         __syncthreads();
         {
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
             if (next < n_end)
                 fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, &tp, next * BN,
-                              BN, D, cols_k, cols_v, LD, tid, NT);
+                              BN, D, cols_k, cols_v, kld, tid, NT);
             fa_i_cp_async_commit();
             if (pages && tp.sliced && next + 1 < n_end)
                 fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         }
+#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        if (wg)
+            FA_I_KNAME(fa_i_decode_wg_step)(&p, fa_i_smem_addr(sq), fa_i_smem_addr(skt),
+                                            fa_i_smem_addr(svt), c_tile, o, m_run, l_run, lo, hi,
+                                            all_lo, all_hi, log2_scale);
+        else
+#endif
         if (wide)
             for (j = ks; j < SLICES / 2; j += ks_count)
                 FA_I_KNAME(fa_i_decode_step)(&p, 2, skt, svt, j, c_tile, qa, o, m_run, l_run, lo, hi,
@@ -3378,13 +3468,25 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
 static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
 {
-    FA_I_KNAME(fa_i_decode_body)(&p, a, 0);
+    FA_I_KNAME(fa_i_decode_body)(&p, a, 0, 0);
 }
 static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _general)(const fa_params p, const fa_i_decode_args a)
 {
-    FA_I_KNAME(fa_i_decode_body)(&p, a, 1);
+    FA_I_KNAME(fa_i_decode_body)(&p, a, 1, 0);
 }
+#if FA_I_DECODE_WG
+static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
+    FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _wg)(const fa_params p, const fa_i_decode_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    FA_I_KNAME(fa_i_decode_body)(&p, a, 0, 1);
+#else
+    (void)p;
+    (void)a;
+#endif
+}
+#endif
 #undef FA_I_DEC
 #endif /* >> decode */
 
@@ -4985,7 +5087,7 @@ static __global__ void __launch_bounds__(256, 1)
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL,        \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
@@ -5211,6 +5313,15 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
+#if FA_I_DECODE_WG /* the same tiles, 1 KB aligned */
+#define FA_I_DECODE_WG_ENTRY(dt)                                                             \
+    {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, _wg), 64, FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW),  \
+     32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM + 1024}
+static_assert((FA_I_DECODE_MAX_ROWS == 64 && FA_I_PITCH(FA_I_D) == FA_I_D),
+              "flashattn: the wgmma decode takes 64 rows (DSPLIT 1) of whole 64-column slabs");
+#else
+#define FA_I_DECODE_WG_ENTRY(dt) FA_I_NO_KERNEL
+#endif
 #if FA_I_FA3_FP8_HAS(0) /* e4m3: the FA3 forward alone */
 #define FA_I_FP8_FWD_ENTRY(v)                                                                \
     {FA_I_KERNEL_OF(fa_i_fwd_fa3, e4m3, FA_I_CAT(_t, v)),                                    \
@@ -5227,7 +5338,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, FA_I_FP8_FWD_ENTRIES,                                                   \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
 #endif
@@ -5236,7 +5347,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt, ),             \
      FA_I_FA3_BWD_ENTRY(dt, _varlen), FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _general), \
-     FA_I_D}
+     FA_I_DECODE_WG_ENTRY(dt), FA_I_D}
 #if FA_CUDA_SPLIT
 extern
 #else
@@ -5274,6 +5385,7 @@ static
 #undef FA_I_FP8_FWD_ENTRY
 #undef FA_I_FP8_FWD_ENTRIES
 #undef FA_I_DECODE_ENTRY
+#undef FA_I_DECODE_WG_ENTRY
 #undef FA_I_DECODE_ROW
 #undef FA_I_DECODE_MAX_ROWS
 #undef FA_I_DECODE_SMEM
@@ -5383,6 +5495,19 @@ static int fa_i_fa3_compiled(const void *fn, size_t smem, const fa_i_device *dev
         return 0;
     }
     return attr.sharedSizeBytes > 0;
+}
+
+/* Whether kernel k (no static shared memory to tell by, unlike the FA3
+   ones) runs its sm_90a code here. */
+static int fa_i_sm90_compiled(const fa_i_kernel *k, const fa_i_device *dev)
+{
+    struct cudaFuncAttributes attr;
+    if (!k->fn || dev->major != 9 || dev->minor != 0 || (size_t)dev->smem_optin < k->smem) return 0;
+    if (cudaFuncGetAttributes(&attr, k->fn) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return attr.binaryVersion == 90;
 }
 
 /* The kernels for head dim d and dtype, or NULL when this build has none.
@@ -5720,7 +5845,8 @@ typedef struct fa_i_forward_plan {
     const fa_i_kernels *k;
     int algorithm;    /* 1 FA1, 2 FA2, 3 FA3, 4 decode */
     size_t workspace; /* bytes it needs */
-    fa_i_decode_args decode; /* decode only: its launch, CTAs decode_ctas */
+    fa_i_decode_args decode; /* decode only: its kernel and launch, CTAs decode_ctas */
+    const fa_i_kernel *decode_k;
     int64_t decode_ctas;
     int early_combine;       /* decode: its combine a programmatic dependent launch (9.0+) */
 #if FA_I_SM90
@@ -5752,6 +5878,13 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
         return FA_OK;
     }
     memset(a, 0, sizeof *a);
+    /* dense rows of the kernels' head dim on their own kernel, more than 32
+       packed rows on Hopper's wgmma one */
+    if (p->block_table || p->head_dim != plan->k->head_dim || p->head_dim_v != plan->k->head_dim)
+        k = &plan->k->decode_general;
+    else if (packed > 32 && fa_i_sm90_compiled(&plan->k->decode_wg, dev))
+        k = &plan->k->decode_wg;
+    plan->decode_k = k;
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
     base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
@@ -5860,9 +5993,7 @@ static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaS
     const fa_params *p = &plan->p;
     fa_i_decode_args *a = &plan->decode;
     const int part_d = plan->k->head_dim; /* a part's row: the first head_dim columns count */
-    const fa_i_kernel *k = p->block_table || p->head_dim != part_d || p->head_dim_v != part_d
-                               ? &plan->k->decode_general
-                               : &plan->k->decode;
+    const fa_i_kernel *k = plan->decode_k;
     fa_status s;
     if (a->splits > 1) {
         a->o_part = (float *)workspace;

@@ -221,6 +221,16 @@ for i, (nq, nk) in enumerate((nq, nk) for nq in (1, 2, 4, 8, 16) for nk in (1, 7
 for nq, group, extra in ((1, 8, {}), (16, 4, dict(causal=True))):
     case(f"gpu_decode_q{nq}_k131072_g{group}", gpu_forward, heads_q=2 * group, heads_kv=2,
          seqlen_q=nq, seqlen_k=131072, head_dim=128, dtype="bf16", **extra)
+# More than 32 packed rows at d = 64 and 128 run Hopper's wgmma kernel (64
+# rows a CTA): a partial block, a whole one, one and a partial.
+for name, cfg in (("rows48_d128", dict(heads_q=32, heads_kv=2, seqlen_q=3, seqlen_k=777,
+                                       head_dim=128, dtype="f16", window=(100, 0), num_splits=3)),
+                  ("rows64_d64", dict(heads_q=16, heads_kv=4, seqlen_q=16, seqlen_k=5000,
+                                      head_dim=64, dtype="bf16", causal=True, softcap=4.0,
+                                      amplitude=3.0)),
+                  ("rows80_d128", dict(heads_q=10, heads_kv=2, seqlen_q=16, seqlen_k=2049,
+                                       head_dim=128, dtype="bf16", causal=True))):
+    case(f"gpu_decode_wgmma_{name}", gpu_forward, **cfg)
 for d in (32, 96, 160, 192):
     case(f"gpu_decode_d{d}", gpu_forward, batch=3, heads_q=8, heads_kv=2, seqlen_q=5,
          seqlen_k=777, head_dim=d, dtype="bf16", causal=True)

@@ -3257,8 +3257,12 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         MAX_ROWS = 16 * FA_I_DECODE_WARPS / DS, SLOT = 16 * DW + 32 /* a warp's (O, m, l) */
     };
     extern __shared__ uint4 fa_i_smem[];
-    uint16_t *sq = (uint16_t *)fa_i_smem + (wg ? (0u - fa_i_smem_addr(fa_i_smem)) % 1024 / 2 : 0);
-    uint16_t *sk = sq + MAX_ROWS * LD, *sv = sk + STAGES * BN * LD;
+    uint16_t *sq = (uint16_t *)fa_i_smem, *sk, *sv;
+#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (wg) sq += (0u - fa_i_smem_addr(fa_i_smem)) % 1024 / 2; /* the swizzle's 1 KB atoms */
+#endif
+    sk = sq + MAX_ROWS * LD;
+    sv = sk + STAGES * BN * LD;
     const int kld = wg ? 64 : LD; /* the ring's pitch (wg: 64-column slabs) */
     fa_params p = *params;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

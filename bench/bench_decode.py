@@ -18,10 +18,10 @@ prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense and paged decode in the same
 rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns); --rows "B,NK,NQ,D;..." runs
-those rows alone.
+those rows alone; --heads HQ,HKV sets the query and kv heads (default 32,8).
 
 Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZES] [--extra NAME=SHIM]
-           [--rows B,NK,NQ,D;...] [--out DIR]"""
+           [--rows B,NK,NQ,D;...] [--heads HQ,HKV] [--out DIR]"""
 import argparse
 import ctypes
 import datetime
@@ -236,7 +236,10 @@ def main():
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=SHIM",
                     help="also time another build's dense decode (a tests/shim_cuda.cu .so)")
     ap.add_argument("--rows", default="", metavar="B,NK,NQ,D;...", help="only these rows")
+    ap.add_argument("--heads", default="32,8", metavar="HQ,HKV", help="query and kv heads")
     args = ap.parse_args()
+    global HQ, HKV
+    HQ, HKV = (int(x) for x in args.heads.split(","))
     PAGE_SIZES.extend(int(x) for x in args.paged.split(",") if x)
     EXTRA.extend((e.split("=")[0], fa.load_gpu(os.path.abspath(e.split("=")[1]))) for e in args.extra)
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:

@@ -5501,19 +5501,6 @@ static int fa_i_fa3_compiled(const void *fn, size_t smem, const fa_i_device *dev
     return attr.sharedSizeBytes > 0;
 }
 
-/* Whether kernel k (no static shared memory to tell by, unlike the FA3
-   ones) runs its sm_90a code here. */
-static int fa_i_sm90_compiled(const fa_i_kernel *k, const fa_i_device *dev)
-{
-    struct cudaFuncAttributes attr;
-    if (!k->fn || dev->major != 9 || dev->minor != 0 || (size_t)dev->smem_optin < k->smem) return 0;
-    if (cudaFuncGetAttributes(&attr, k->fn) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return attr.binaryVersion == 90;
-}
-
 /* The kernels for head dim d and dtype, or NULL when this build has none.
    Tried in turn, among those of d itself and (16-bit d a multiple of 8) of
    the larger head dims, whose tiles run d with the columns past it
@@ -5883,10 +5870,15 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     }
     memset(a, 0, sizeof *a);
     /* dense rows of the kernels' head dim on their own kernel, more than 32
-       packed rows on Hopper's wgmma one */
+       packed rows on Hopper's wgmma one: its sm_90a code runs here where
+       the FA3 forward's of its unit does (the same targets; it has no
+       static shared memory to tell by itself, and an sm_90 build without
+       the a features gives it an empty body) */
     if (p->block_table || p->head_dim != plan->k->head_dim || p->head_dim_v != plan->k->head_dim)
         k = &plan->k->decode_general;
-    else if (packed > 32 && fa_i_sm90_compiled(&plan->k->decode_wg, dev))
+    else if (packed > 32 && plan->k->decode_wg.fn &&
+             (size_t)dev->smem_optin >= plan->k->decode_wg.smem &&
+             fa_i_fa3_compiled(plan->k->fa3_fwd[0].fn, plan->k->fa3_fwd[0].smem, dev))
         k = &plan->k->decode_wg;
     plan->decode_k = k;
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */

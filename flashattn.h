@@ -1,4 +1,4 @@
-/* flashattn.h - v0.8.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.9.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -92,7 +92,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 8
+#define FA_VERSION_MINOR 9
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
@@ -3182,6 +3182,12 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.9.0  GPU: decode with more than 32 GQA-packed rows (speculative
+          tokens) runs a wgmma kernel on Hopper at d = 64 and 128; FA3
+          forward grids take one tile per CTA where tiles are no more than
+          the SMs; paged prefill reads pages of 64 keys in place below the
+          key tile; FP8 at d = 128 takes 192-key tiles with per-head or
+          per-tensor descales (tile table FA_FA3_FP8_TILE_<d>_<v>)
    0.8.0  GPU: paged prefill chunks read the pages in place on Hopper's FA3
           forward where its key tile divides the page; the atomic backward
           at d = 96 and 192 on FA3's tiles of 128 and 256, and at d <= 32

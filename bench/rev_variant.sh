@@ -7,6 +7,8 @@
 # with DTYPE=3 the FP8 forward into build/rev_NAME_d<D>_fp8.so).
 # Usage: bash bench/rev_variant.sh stage NAME REV
 #        bash bench/rev_variant.sh build NAME D [nvcc flags...]
+# (nvcc splits -D values at commas: a tile row goes into the staged
+# build/rev/NAME/flashattn_cuda.cuh by hand, not into the flags)
 set -euo pipefail
 mode=$1 name=$2
 dir=build/rev/$name

@@ -18,6 +18,10 @@
                FA2 (mma.sync, sm_80 and newer) everywhere else, and where FA3
                can't take a problem (the driver refuses a tensor map).
                FA1 with FA_VARIANT=1: the teaching kernel, global O/m/l state.
+     decode    seqlen_q <= 16: the query heads sharing a kv head packed as
+               one tile's rows, keys split over CTAs and merged by the
+               combine; mma.sync, or on Hopper with more than 32 packed rows
+               at d = 64 and 128 (dense caches) wgmma.
      fp8       the FA3 forward with e4m3 Q, K, V (d = 64, 128, 256), V
                transposed in the kernel; fa_cuda_quantize_fp8 makes its inputs.
      backward  FA3 on Hopper (dQ by bulk reduce-add) on the tiles of d = 64,
@@ -5321,7 +5325,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_DECODE_WG_ENTRY(dt)                                                             \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, _wg), 64, FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW),  \
      32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM + 1024}
-static_assert((FA_I_DECODE_MAX_ROWS == 64 && FA_I_PITCH(FA_I_D) == FA_I_D),
+static_assert(FA_I_DECODE_MAX_ROWS == 64 && FA_I_PITCH(FA_I_D) == FA_I_D,
               "flashattn: the wgmma decode takes 64 rows (DSPLIT 1) of whole 64-column slabs");
 #else
 #define FA_I_DECODE_WG_ENTRY(dt) FA_I_NO_KERNEL

@@ -61,11 +61,14 @@ $(BUILD)/libflashattn_avx2_test.so: tests/shim.c $(HEADERS) | $(BUILD)
 # flashattn_cuda.cuh), each compiled from the header itself, so that
 # `make -j cuda-lib` builds them in parallel: the host unit (the host code,
 # the CPU path, the kernels every head dim shares) and one kernel unit per
-# head dim, heaviest first. CUDA_LIB_FLAGS reaches every unit.
+# head dim, heaviest first. CUDA_LIB_FLAGS reaches every unit. ptxas
+# compiles a unit's kernels on every core (CUDA_LIB_PTXAS; the same SASS as
+# one thread; empty it for a ptxas without --split-compile).
 CUDA_LIB_ARCH  ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a
 CUDA_LIB_FLAGS ?=
 CUDA_LIB_DIMS  ?= 256 192 128 160 96 64 32
-CUDA_LIB_NVCC   = $(NVCC) -O3 -Xcompiler -fPIC $(CUDA_LIB_ARCH) -DFA_CUDA_SPLIT=1 $(CUDA_LIB_FLAGS) -x cu
+CUDA_LIB_PTXAS ?= -Xptxas --split-compile=0
+CUDA_LIB_NVCC   = $(NVCC) -O3 -Xcompiler -fPIC $(CUDA_LIB_ARCH) $(CUDA_LIB_PTXAS) -DFA_CUDA_SPLIT=1 $(CUDA_LIB_FLAGS) -x cu
 CUDA_LIB_OBJS  := $(CUDA_LIB_DIMS:%=$(BUILD)/cuda/d%.o) $(BUILD)/cuda/host.o
 
 cuda-lib: $(BUILD)/libflashattn_cuda.a

@@ -21,7 +21,7 @@
      decode    seqlen_q <= 16: the query heads sharing a kv head packed as
                one tile's rows, keys split over CTAs and merged by the
                combine; mma.sync, or on Hopper with more than 32 packed rows
-               at d = 64 and 128 (dense caches) wgmma.
+               at d <= 128 (the tiles of 64 and 128; dense or paged) wgmma.
      fp8       the FA3 forward with e4m3 Q, K, V (d = 64, 128, 256), V
                transposed in the kernel; fa_cuda_quantize_fp8 makes its inputs.
      backward  FA3 on Hopper (dQ by bulk reduce-add) on the tiles of d = 64,
@@ -601,6 +601,7 @@ typedef struct fa_i_kernels {
     fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
     fa_i_kernel decode_general; /* the same over a paged cache or a smaller head dim */
     fa_i_kernel decode_wg;  /* Hopper: 64 rows by wgmma (dense) */
+    fa_i_kernel decode_wg_general; /* the same over a paged cache or a smaller head dim */
     int head_dim;           /* the tiles' (a problem's may be smaller: >> host) */
 } fa_i_kernels;
 
@@ -3101,8 +3102,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
      S = Q K^T (16 x 16 STEP, all of d), softcap, mask, online softmax,
      O[:, its columns] += P V
    At the end the KS warps of a (row tile, column part) merge their (m, l, O)
-   through shared memory. On Hopper, more than 32 packed rows of a dense
-   problem at d = 64 or 128 run the wgmma kernel (_wg): the same CTA, ring
+   through shared memory. On Hopper, more than 32 packed rows on the tiles
+   of d = 64 or 128 run the wgmma kernels (_wg, dense at the tile's head dim;
+   _wg_general, paged or a smaller head dim): the same CTA, ring
    and schedule, its 4 warps one warpgroup over 64 rows, each key tile's
    S = Q K^T and O += P V one wgmma chain each (fa_i_decode_wg_step): at 16
    query tokens and group 4, mma.sync's per-warp chains were latency-bound
@@ -3484,16 +3486,25 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_KNAME(fa_i_decode_body)(&p, a, 1, 0);
 }
 #if FA_I_DECODE_WG
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
-    FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _wg)(const fa_params p, const fa_i_decode_args a)
-{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    FA_I_KNAME(fa_i_decode_body)(&p, a, 0, 1);
+#define FA_I_DECODE_WG_KERNEL(suffix, general)                                               \
+    static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)                      \
+        FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), suffix)(const fa_params p, const fa_i_decode_args a) \
+    {                                                                                        \
+        FA_I_KNAME(fa_i_decode_body)(&p, a, general, 1);                                     \
+    }
 #else
-    (void)p;
-    (void)a;
+#define FA_I_DECODE_WG_KERNEL(suffix, general)                                               \
+    static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)                      \
+        FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), suffix)(const fa_params p, const fa_i_decode_args a) \
+    {                                                                                        \
+        (void)p;                                                                             \
+        (void)a;                                                                             \
+    }
 #endif
-}
+FA_I_DECODE_WG_KERNEL(_wg, 0)
+FA_I_DECODE_WG_KERNEL(_wg_general, 1)
+#undef FA_I_DECODE_WG_KERNEL
 #endif
 #undef FA_I_DEC
 #endif /* >> decode */
@@ -5095,7 +5106,7 @@ static __global__ void __launch_bounds__(256, 1)
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL,        \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
@@ -5322,13 +5333,13 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
 #if FA_I_DECODE_WG /* the same tiles, 1 KB aligned */
-#define FA_I_DECODE_WG_ENTRY(dt)                                                             \
-    {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, _wg), 64, FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW),  \
+#define FA_I_DECODE_WG_ENTRY(dt, suffix)                                                     \
+    {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), 64, FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), \
      32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM + 1024}
 static_assert(FA_I_DECODE_MAX_ROWS == 64 && FA_I_PITCH(FA_I_D) == FA_I_D,
               "flashattn: the wgmma decode takes 64 rows (DSPLIT 1) of whole 64-column slabs");
 #else
-#define FA_I_DECODE_WG_ENTRY(dt) FA_I_NO_KERNEL
+#define FA_I_DECODE_WG_ENTRY(dt, suffix) FA_I_NO_KERNEL
 #endif
 #if FA_I_FA3_FP8_HAS(0) /* e4m3: the FA3 forward alone */
 #define FA_I_FP8_FWD_ENTRY(v)                                                                \
@@ -5346,7 +5357,8 @@ static_assert(FA_I_DECODE_MAX_ROWS == 64 && FA_I_PITCH(FA_I_D) == FA_I_D,
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, FA_I_FP8_FWD_ENTRIES,                                                   \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_D}
+     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL,          \
+     FA_I_NO_KERNEL, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
 #endif
@@ -5355,7 +5367,7 @@ static_assert(FA_I_DECODE_MAX_ROWS == 64 && FA_I_PITCH(FA_I_D) == FA_I_D,
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt, ),             \
      FA_I_FA3_BWD_ENTRY(dt, _varlen), FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _general), \
-     FA_I_DECODE_WG_ENTRY(dt), FA_I_D}
+     FA_I_DECODE_WG_ENTRY(dt, _wg), FA_I_DECODE_WG_ENTRY(dt, _wg_general), FA_I_D}
 #if FA_CUDA_SPLIT
 extern
 #else
@@ -5858,10 +5870,11 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
                                   size_t workspace, int *taken)
 {
     const fa_params *p = &plan->p;
-    const fa_i_kernel *k = &plan->k->decode;
+    const fa_i_kernel *k = &plan->k->decode, *wg;
     const int packed = p->heads_q / p->heads_kv * p->seqlen_q;
     fa_i_decode_args *a = &plan->decode;
     int64_t base;
+    int general;
     *taken = 0;
     if (FA_VARIANT != 2 || p->seqlen_q > FA_I_DECODE_MAX_Q || !k->fn ||
         (size_t)dev->smem_optin < k->smem) {
@@ -5873,17 +5886,18 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
         return FA_OK;
     }
     memset(a, 0, sizeof *a);
-    /* dense rows of the kernels' head dim on their own kernel, more than 32
-       packed rows on Hopper's wgmma one: its sm_90a code runs here where
-       the FA3 forward's of its unit does (the same targets; it has no
-       static shared memory to tell by itself, and an sm_90 build without
-       the a features gives it an empty body) */
-    if (p->block_table || p->head_dim != plan->k->head_dim || p->head_dim_v != plan->k->head_dim)
+    /* dense rows of the kernels' head dim on their own kernels, more than 32
+       packed rows on Hopper's wgmma ones: their sm_90a code runs here where
+       the FA3 forward's of their unit does (the same targets; they have no
+       static shared memory to tell by themselves, and an sm_90 build
+       without the a features gives them empty bodies) */
+    general = p->block_table || p->head_dim != plan->k->head_dim || p->head_dim_v != plan->k->head_dim;
+    wg = general ? &plan->k->decode_wg_general : &plan->k->decode_wg;
+    if (packed > 32 && wg->fn && (size_t)dev->smem_optin >= wg->smem &&
+        fa_i_fa3_compiled(plan->k->fa3_fwd[0].fn, plan->k->fa3_fwd[0].smem, dev))
+        k = wg;
+    else if (general)
         k = &plan->k->decode_general;
-    else if (packed > 32 && plan->k->decode_wg.fn &&
-             (size_t)dev->smem_optin >= plan->k->decode_wg.smem &&
-             fa_i_fa3_compiled(plan->k->fa3_fwd[0].fn, plan->k->fa3_fwd[0].smem, dev))
-        k = &plan->k->decode_wg;
     plan->decode_k = k;
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);

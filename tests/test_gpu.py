@@ -229,7 +229,13 @@ for name, cfg in (("rows48_d128", dict(heads_q=32, heads_kv=2, seqlen_q=3, seqle
                                       head_dim=64, dtype="bf16", causal=True, softcap=4.0,
                                       amplitude=3.0)),
                   ("rows80_d128", dict(heads_q=10, heads_kv=2, seqlen_q=16, seqlen_k=2049,
-                                       head_dim=128, dtype="bf16", causal=True))):
+                                       head_dim=128, dtype="bf16", causal=True)),
+                  # head dims below the kernels' (their general kernel)
+                  ("rows48_between_d80", dict(heads_q=16, heads_kv=2, seqlen_q=6, seqlen_k=1500,
+                                              head_dim=80, dtype="bf16", causal=True)),
+                  ("rows40_between_d40_v24", dict(heads_q=8, heads_kv=1, seqlen_q=5,
+                                                  seqlen_k=333, head_dim=40, head_dim_v=24,
+                                                  dtype="f16", num_splits=2))):
     case(f"gpu_decode_wgmma_{name}", gpu_forward, **cfg)
 for d in (32, 96, 160, 192):
     case(f"gpu_decode_d{d}", gpu_forward, batch=3, heads_q=8, heads_kv=2, seqlen_q=5,

@@ -155,6 +155,15 @@ for name, cfg in (
                                                    seqlen_q=16, page_size=32, max_pages=20,
                                                    causal=True, window=(100, 0), softcap=30.0,
                                                    dtype="f16", heads_q=16, heads_kv=4)),
+        # more than 32 packed rows: Hopper's wgmma kernel over the pages
+        # (sliced by 16, and a page a row's lookup)
+        ("decode_wgmma_page_16_d128_gqa8", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=8,
+                                                seqlen_q=8, page_size=16, max_pages=64,
+                                                heads_q=16, heads_kv=2, head_dim=128, causal=True,
+                                                poison=True)),
+        ("decode_wgmma_page_7_d64_split_5", dict(cache_lens=[300, 3], seqlen_q=12, page_size=7,
+                                                 max_pages=50, heads_q=12, heads_kv=3,
+                                                 num_splits=5, poison=True)),
         ("decode_page_256_d256_padded", dict(cache_lens=[600, 255], seqlen_q=1, page_size=256,
                                              max_pages=3, head_dim=256, layout="padded")),
         ("decode_empty_sequences", dict(cache_lens=[0, 0, 5], seqlen_q=3, page_size=16,

@@ -37,8 +37,8 @@
                appended by a copy kernel; seqlen_q <= 16 on the decode
                kernel reading the pages in place, longer query chunks on
                the FA3 forward reading them in place where its key tile
-               divides the page or a page of 64 keys or more divides the
-               tile (one launch, as varlen), else gathered per
+               divides the page or a page divides the tile in at most 4
+               boxes (one launch, as varlen), else gathered per
                sequence and run dense (>> host, at the end).
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
    other multiples of 8 up to 256 run on a larger head dim's kernels, the
@@ -566,6 +566,10 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
    tile loop spills at 24. nc = 2: 40 / 232 of 168; nc = 3: 32 / 160 of 128. */
 #define FA_I_SM90_PRODUCER_REGS(nc) ((nc) == 2 ? 40 : 32)
 #define FA_I_SM90_CONSUMER_REGS(nc) ((nc) == 2 ? 232 : 160)
+/* The most boxes of keys the producer loads a key tile in from pages
+   below the tile, their entries held in its registers (pages of 32 at the
+   128-key tiles; pages of 16 in place ran no faster than the gather). */
+#define FA_I_FA3_BOXES 4
 /* FP8's producer warpgroup also transposes V: with 3 consumers it keeps 40
    (its consumers need no more than 152: P is half the size). */
 #define FA_I_SM90_PRODUCER_REGS_OF(nc, fp8) ((fp8) && (nc) == 3 ? 40 : FA_I_SM90_PRODUCER_REGS(nc))
@@ -2129,26 +2133,16 @@ static __device__ __forceinline__ float *fa_i_fa3_lse_rows(const fa_params *p,
                       : p->lse + ((int64_t)b * p->heads_q + h) * p->seqlen_q;
 }
 
-/* Paged: where the keys at *row of schedule sequence b (nk keys) are. In
-   a page before the sequence's last, the cache's maps (*maps: row in page,
-   the page as batch) at the block table's page; in the last, the
-   sequence's own maps (*m, batch 0: that page's rows up to key nk - 1, so
-   the TMA zero-fills the box past them). A box (a key tile, or a page
-   where pages are smaller) never spans two pages; the first box's entry
-   is loaded before the producer's wait for the stage, under which its
-   latency passes. */
-static __device__ __forceinline__ void fa_i_fa3_page(const fa_i_tma_maps *maps, int b, int nk,
-                                                     const fa_i_tma_maps **m, int *row, int *batch)
+/* Paged: the block table's entry for the box of keys from `row` of a
+   sequence (its table row `pages`, its last page from key `last`), or -1
+   in that last page, which the sequence's own maps hold (batch 0: that
+   page's rows up to the sequence's last key, so the TMA zero-fills the box
+   past them). A box (a key tile, or a page where pages are smaller) never
+   spans two pages. */
+static __device__ __forceinline__ int fa_i_fa3_page(const fa_i_tma_maps *maps, const int32_t *pages,
+                                                    int last, int row)
 {
-    const int shift = maps->page_shift, last = (nk - 1) >> shift << shift;
-    if (*row >= last) {
-        *row -= last;
-        *batch = 0;
-        return;
-    }
-    *batch = maps->pages[maps->seqs[b].pages0 + (*row >> shift)];
-    *row &= (1 << shift) - 1;
-    *m = maps;
+    return row >= last ? -1 : pages[row >> maps->page_shift];
 }
 
 /* A tensor map the host copied into the workspace: the tensormap proxy
@@ -2571,7 +2565,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
         CE = FA_I_FA3_CE, RB = FA_I_FA3_RB, CHUNKS = D / CE, TILE = BN * D * FA_I_FA3_ES,
         Q_BUFS = FA_I_FA3_Q_BUFS, Q_BYTES = BM * D * FA_I_FA3_ES, O_IN_RING = !FA_I_FA3_O_APART,
-        L2_HINTS = FA_I_FA3(L2HINTS)
+        L2_HINTS = FA_I_FA3(L2HINTS),
+        BOXES = FA_I_FP8 ? 1 : BN / 16 < FA_I_FA3_BOXES ? BN / 16 : FA_I_FA3_BOXES
     };
     const uint64_t once = L2_HINTS ? FA_I_L2_EVICT_FIRST : FA_I_L2_EVICT_NORMAL;
     const uint64_t reused = L2_HINTS ? FA_I_L2_EVICT_LAST : FA_I_L2_EVICT_NORMAL;
@@ -2596,6 +2591,11 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             fa_i_tma_map_acquire(&m->v);
         }
         fa_i_rows_key_span(&view, mb * BM, min(mb * BM + BM, view.seqlen_q), &first_lo, &last_hi);
+        /* paged: the sequence's block-table row, the first key of its last
+           page (0 when dense: every box from m) */
+        const int32_t *seq_pages = maps->pages ? maps->pages + maps->seqs[b].pages0 : NULL;
+        const int pmask = maps->pages ? (1 << maps->page_shift) - 1 : 0;
+        const int last = maps->pages ? (view.seqlen_k - 1) & ~pmask : 0;
         fa_i_mbar_wait(L->q_empty + 8 * q.stage, q.phase ^ 1);
         fa_i_mbar_expect_tx(L->q_full + 8 * q.stage, Q_BYTES);
         for (c = 0; c < CHUNKS; ++c)
@@ -2608,23 +2608,28 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             /* where the keys are: (m, row n BN, batch mapb), or the pages'
                (not FP8's: dense only, and its producer has no registers to
                spare): the tile whole from its page, or a box of `box` keys
-               from each page it spans, box rows apart in each chunk */
+               from each page it spans, box rows apart in each chunk. Every
+               box's entry is loaded before the waits, together: one
+               dependent load a box, K's and again V's, left pages below 64
+               keys slower than a gather (DESIGN.md, paged caches). */
             const int box = !FA_I_FP8 && maps->pages ? min(1 << maps->page_shift, (int)BN) : BN;
-            const fa_i_tma_maps *km = m;
-            int krow = n * BN, kb = mapb, j;
-            if (!FA_I_FP8 && maps->pages) fa_i_fa3_page(maps, b, view.seqlen_k, &km, &krow, &kb);
+            int page[BOXES], jj;
+#pragma unroll
+            for (jj = 0; jj < BOXES; ++jj)
+                page[jj] = !FA_I_FP8 && maps->pages && jj * box < BN
+                               ? fa_i_fa3_page(maps, seq_pages, last, n * BN + jj * box)
+                               : -1;
             fa_i_mbar_wait(L->k_empty + 8 * st, r.phase ^ 1);
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
             fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
 #define FA_I_FA3_LOAD_KV(dst, which, full)                                                      \
-    for (j = 0; j < BN; j += box) {                                                            \
-        if (j > 0) { /* the next page's box (box < BN: paged only) */                         \
-            km = m, krow = n * BN + j, kb = mapb;                                               \
-            fa_i_fa3_page(maps, b, view.seqlen_k, &km, &krow, &kb);                             \
-        }                                                                                       \
+    _Pragma("unroll") for (jj = 0; jj < BOXES; ++jj) {                                          \
+        const int row = n * BN + jj * box, paged = page[jj] >= 0;                               \
+        if (jj > 0 && jj * box >= BN) break;                                                    \
         for (c = 0; c < CHUNKS; ++c)                                                            \
-            fa_i_tma_load((dst) + c * BN * RB + j * RB, &km->which, CE * c, krow, hk, kb, full, \
-                          reused);                                                              \
+            fa_i_tma_load((dst) + c * BN * RB + jj * box * RB, paged ? &maps->which : &m->which, \
+                          CE * c, paged ? row & pmask : row - last, hk, paged ? page[jj] : mapb, \
+                          full, reused);                                                        \
     }
             FA_I_FA3_LOAD_KV(L->sk + st * TILE, k, L->k_full + 8 * st);
             fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
@@ -2636,10 +2641,6 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             {
                 const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
                 fa_i_mbar_expect_tx(full, TILE);
-                if (box < BN) { /* the first box's page again */
-                    km = m, krow = n * BN, kb = mapb;
-                    fa_i_fa3_page(maps, b, view.seqlen_k, &km, &krow, &kb);
-                }
                 FA_I_FA3_LOAD_KV(FA_I_FA3_V_IN(L) + st * TILE, v, full);
             }
 #undef FA_I_FA3_LOAD_KV
@@ -3639,37 +3640,46 @@ static __global__ void fa_i_fill_rows(const fa_i_fill_args a)
         fa_i_store16(a.base, at, a.value, a.dtype == FA_DTYPE_BF16);
 }
 
-/* Rows between a paged cache and dense tensors, 16 bytes a thread: the
-   append (to_pages: rows [0, rows) of dense sequence b into its cache rows
-   start[b] + ...) and the gather of a sequence's first `rows` cache rows
-   into dense rows in the workspace (start NULL). table: the workspace's copy
-   of the block table, entries checked on the host. */
+/* Rows between a paged cache and dense tensors, K and V in one launch
+   (grid z): the append (to_pages: rows [0, rows) of dense sequence b into
+   its cache rows start[b] + ...) and the gather of a sequence's first `rows`
+   cache rows into dense rows in the workspace (start NULL). table: the
+   workspace's copy of the block table, entries checked on the host. A CTA
+   moves FA_I_PAGE_ROWS_CTA rows of one sequence (grid y), 16 bytes a
+   thread at a time, so its index arithmetic is 32-bit and per row, not
+   64-bit divisions per 16 bytes. */
+#define FA_I_PAGE_ROWS_CTA 4
 typedef struct fa_i_page_rows_args {
-    char *cache;
-    fa_layout cache_l; /* batch: the page stride */
+    char *cache[2];
+    fa_layout cache_l[2]; /* batch: the page stride */
+    char *dense[2];
+    fa_layout dense_l[2];
+    int chunks[2]; /* 16-byte chunks of a head's row */
     const int32_t *table, *start;
     int max_pages, page_size;
-    char *dense;
-    fa_layout dense_l;
-    int batch, rows, heads, chunks, elem_bytes, to_pages;
+    int rows, heads, elem_bytes, to_pages;
 } fa_i_page_rows_args;
 
-static __global__ void fa_i_page_rows(const fa_i_page_rows_args a)
+static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_rows_args a)
 {
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int c = (int)(t % a.chunks), h = (int)((t /= a.chunks) % a.heads);
-    const int r = (int)((t /= a.heads) % a.rows), b = (int)(t / a.rows);
-    if (b >= a.batch) return;
-    const int row = (a.start ? a.start[b] : 0) + r;
-    const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
-    const int64_t at =
-        fa_i_dev_offset(&a.cache_l, 0, h, row % a.page_size) + page * a.cache_l.batch;
-    uint4 *in_cache = (uint4 *)(a.cache + at * a.elem_bytes) + c;
-    uint4 *dense = (uint4 *)(a.dense + fa_i_dev_offset(&a.dense_l, b, h, r) * a.elem_bytes) + c;
-    if (a.to_pages)
-        *in_cache = *dense;
-    else
-        *dense = *in_cache;
+    const int kv = blockIdx.z, b = blockIdx.y, chunks = a.chunks[kv], per_row = a.heads * chunks;
+    const int r0 = blockIdx.x * FA_I_PAGE_ROWS_CTA, start = a.start ? a.start[b] : 0;
+    int i;
+    for (i = threadIdx.x; i < FA_I_PAGE_ROWS_CTA * per_row; i += blockDim.x) {
+        const int r = r0 + i / per_row, hc = i % per_row, h = hc / chunks, c = hc % chunks;
+        if (r >= a.rows) break;
+        const int row = start + r;
+        const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
+        const int64_t at = fa_i_dev_offset(&a.cache_l[kv], 0, h, row % a.page_size) +
+                           page * a.cache_l[kv].batch;
+        uint4 *in_cache = (uint4 *)(a.cache[kv] + at * a.elem_bytes) + c;
+        uint4 *dense =
+            (uint4 *)(a.dense[kv] + fa_i_dev_offset(&a.dense_l[kv], b, h, r) * a.elem_bytes) + c;
+        if (a.to_pages)
+            *in_cache = *dense;
+        else
+            *dense = *in_cache;
+    }
 }
 #endif /* >> combine */
 
@@ -6851,25 +6861,24 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
    are gathered into the workspace and run as a dense problem of batch 1 on
    the dense path's kernels (a query chunk long enough that attending costs
    more than the copy). */
-static fa_status fa_i_page_copy(const fa_params *p, int k_or_v, const int32_t *table,
-                                const int32_t *start, void *dense, const fa_layout *dense_l,
-                                int batch, int rows, cudaStream_t stream)
+static fa_status fa_i_page_copy(const fa_params *p, const int32_t *table, const int32_t *start,
+                                const void *dense_k, const fa_layout *dense_k_l,
+                                const void *dense_v, const fa_layout *dense_v_l, int batch,
+                                int rows, cudaStream_t stream)
 {
     fa_i_page_rows_args a;
-    const int d = k_or_v ? p->head_dim_v : p->head_dim;
-    int64_t n;
-    a.cache = (char *)(k_or_v ? p->v : p->k);
-    a.cache_l = k_or_v ? p->v_layout : p->k_layout;
-    a.table = table, a.start = start, a.max_pages = p->max_pages, a.page_size = p->page_size;
-    a.dense = (char *)dense, a.dense_l = *dense_l;
-    a.batch = batch, a.rows = rows, a.heads = p->heads_kv;
+    a.cache[0] = (char *)p->k, a.cache[1] = (char *)p->v;
+    a.cache_l[0] = p->k_layout, a.cache_l[1] = p->v_layout;
+    a.dense[0] = (char *)dense_k, a.dense[1] = (char *)dense_v;
+    a.dense_l[0] = *dense_k_l, a.dense_l[1] = *dense_v_l;
     a.elem_bytes = (int)fa_dtype_size(p->dtype);
-    a.chunks = d * a.elem_bytes / 16;
-    a.to_pages = start != NULL;
-    n = (int64_t)batch * rows * a.heads * a.chunks;
-    if (n <= 0) return FA_OK;
-    return fa_i_launch((const void *)fa_i_page_rows, dim3(fa_i_blocks(n, 256)), 256, 0, stream, &a,
-                       NULL);
+    a.chunks[0] = p->head_dim * a.elem_bytes / 16, a.chunks[1] = p->head_dim_v * a.elem_bytes / 16;
+    a.table = table, a.start = start, a.max_pages = p->max_pages, a.page_size = p->page_size;
+    a.rows = rows, a.heads = p->heads_kv, a.to_pages = start != NULL;
+    if (batch <= 0 || rows <= 0) return FA_OK;
+    return fa_i_launch((const void *)fa_i_page_rows,
+                       dim3((unsigned)fa_i_blocks(rows, FA_I_PAGE_ROWS_CTA), (unsigned)batch, 2), 256,
+                       0, stream, &a, NULL);
 }
 
 /* Sequence b of a paged p without keys: O = 0, LSE = -inf. */
@@ -6888,14 +6897,14 @@ static fa_status fa_i_paged_no_keys(const fa_params *p, int b, cudaStream_t stre
 
 #if FA_I_SM90
 /* Whether FA3 kernel k loads its key tiles from pages of p's size: a power
-   of two that the tile divides (a tile from one page) or, from 64 keys,
-   divides (a box from each page). Smaller pages gather: each box after a
-   tile's first waits for its page entry, so boxes of 16 or 32 keys ran
-   slower than the gathered copy (DESIGN.md, paged caches). */
+   of two that the tile divides (a tile from one page) or that divides the
+   tile in at most FA_I_FA3_BOXES boxes (a box from each page). Smaller
+   pages gather (DESIGN.md, paged caches). */
 static int fa_i_paged_fa3_fits(const fa_params *p, const fa_i_kernel *k)
 {
     return k->fn && (p->page_size & (p->page_size - 1)) == 0 &&
-           (p->page_size % k->keys == 0 || (p->page_size >= 64 && k->keys % p->page_size == 0));
+           (p->page_size % k->keys == 0 ||
+            (k->keys % p->page_size == 0 && k->keys / p->page_size <= FA_I_FA3_BOXES));
 }
 
 /* The FA3 forward kernel that reads p's pages in place, or NULL: 16-bit
@@ -7067,10 +7076,8 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
                              cudaMemcpyHostToDevice, call->stream)) != cudaSuccess)
         return fa_i_cuda_error(e, "cudaMemcpyAsync of the block table");
     if (p->seqlen_new > 0 &&
-        ((s = fa_i_page_copy(p, 0, table_dev, seqlens_dev, (void *)p->k_new, &p->k_new_layout,
-                             p->batch, p->seqlen_new, call->stream)) != FA_OK ||
-         (s = fa_i_page_copy(p, 1, table_dev, seqlens_dev, (void *)p->v_new, &p->v_new_layout,
-                             p->batch, p->seqlen_new, call->stream)) != FA_OK))
+        (s = fa_i_page_copy(p, table_dev, seqlens_dev, p->k_new, &p->k_new_layout, p->v_new,
+                            &p->v_new_layout, p->batch, p->seqlen_new, call->stream)) != FA_OK)
         return s;
     if (taken) { /* the kernel reads the tables through p */
         p->block_table = table_dev, p->cache_seqlens = seqlens_dev;
@@ -7098,10 +7105,8 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
         seq.v_layout.batch = nk * seq.v_layout.seq;
         seq.block_table = NULL, seq.cache_seqlens = NULL;
         seq.k_new = seq.v_new = NULL, seq.seqlen_new = 0;
-        if ((s = fa_i_page_copy(p, 0, table_dev + (size_t)b * p->max_pages, NULL, (void *)seq.k,
-                                &seq.k_layout, 1, nk, call->stream)) != FA_OK ||
-            (s = fa_i_page_copy(p, 1, table_dev + (size_t)b * p->max_pages, NULL, (void *)seq.v,
-                                &seq.v_layout, 1, nk, call->stream)) != FA_OK)
+        if ((s = fa_i_page_copy(p, table_dev + (size_t)b * p->max_pages, NULL, seq.k, &seq.k_layout,
+                                seq.v, &seq.v_layout, 1, nk, call->stream)) != FA_OK)
             return s;
         s = fa_cuda_forward(&seq, NULL, 0, call->stream);
     }

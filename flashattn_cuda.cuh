@@ -2592,10 +2592,11 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         }
         fa_i_rows_key_span(&view, mb * BM, min(mb * BM + BM, view.seqlen_q), &first_lo, &last_hi);
         /* paged: the sequence's block-table row, the first key of its last
-           page (0 when dense: every box from m) */
-        const int32_t *seq_pages = maps->pages ? maps->pages + maps->seqs[b].pages0 : NULL;
-        const int pmask = maps->pages ? (1 << maps->page_shift) - 1 : 0;
-        const int last = maps->pages ? (view.seqlen_k - 1) & ~pmask : 0;
+           page (0 when dense: every box from m; FP8 is dense only) */
+        const int paged_keys = !FA_I_FP8 && maps->pages;
+        const int32_t *seq_pages = paged_keys ? maps->pages + maps->seqs[b].pages0 : NULL;
+        const int pmask = paged_keys ? (1 << maps->page_shift) - 1 : 0;
+        const int last = paged_keys ? (view.seqlen_k - 1) & ~pmask : 0;
         fa_i_mbar_wait(L->q_empty + 8 * q.stage, q.phase ^ 1);
         fa_i_mbar_expect_tx(L->q_full + 8 * q.stage, Q_BYTES);
         for (c = 0; c < CHUNKS; ++c)
@@ -2612,11 +2613,11 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
                box's entry is loaded before the waits, together: one
                dependent load a box, K's and again V's, left pages below 64
                keys slower than a gather (DESIGN.md, paged caches). */
-            const int box = !FA_I_FP8 && maps->pages ? min(1 << maps->page_shift, (int)BN) : BN;
+            const int box = paged_keys ? min(1 << maps->page_shift, (int)BN) : BN;
             int page[BOXES], jj;
 #pragma unroll
             for (jj = 0; jj < BOXES; ++jj)
-                page[jj] = !FA_I_FP8 && maps->pages && jj * box < BN
+                page[jj] = paged_keys && jj * box < BN
                                ? fa_i_fa3_page(maps, seq_pages, last, n * BN + jj * box)
                                : -1;
             fa_i_mbar_wait(L->k_empty + 8 * st, r.phase ^ 1);

@@ -41,8 +41,10 @@
                boxes (one launch, as varlen), else gathered per
                sequence and run dense (>> host, at the end).
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
-   other multiples of 8 up to 256 run on a larger head dim's kernels, the
-   columns past d zero-filled on load and never stored (fa_i_find_kernels).
+   other head dims up to 256 run on a larger head dim's kernels, the
+   columns past d zero-filled on load and never stored (fa_i_find_kernels);
+   one that is not a multiple of 8 needs 16-byte rows (padded layouts), its
+   last chunk read and stored in part (fa_i_chunk_bytes, fa_i_store8_part).
    head_dim_v != head_dim likewise (16-bit, both multiples of 8); its
    backward on the Hopper kernel only (atomic mode).
    Options: >> options.
@@ -709,6 +711,14 @@ static __device__ __forceinline__ void fa_i_cp_async16(void *smem, const void *g
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_i_smem_addr(smem)),
                  "l"(gmem), "r"(src_bytes));
 }
+/* A row of d columns ends inside its last 16-byte chunk where d % 8 != 0
+   (rows 16-byte aligned: padded layouts): its bytes from that chunk on,
+   as cp.async's src-size (the rest zero-filled), from `left` elements. */
+static __host__ __device__ __forceinline__ int fa_i_chunk_bytes(int left)
+{
+    return min(16, max(0, 2 * left));
+}
+
 static __device__ __forceinline__ void fa_i_cp_async_commit(void)
 {
     asm volatile("cp.async.commit_group;\n" ::);
@@ -1430,8 +1440,8 @@ static __device__ __forceinline__ void fa_i_tile_pages_next(fa_i_tile_pages *tp,
    slice pass step / 16; step 32: in slice 2 pass or the next, by the
    thread's row); 2 a page looked up for each row copied. Pages sit
    page_stride elements apart from g. Columns from `cols` (the problem's
-   head dim, a multiple of 8, where it is below the tile's d) are
-   zero-filled, read from nowhere. With ld = 64 below d the tile is
+   head dim, where it is below the tile's d) are zero-filled, read from
+   nowhere (a chunk that cols ends inside is read in part). With ld = 64 below d the tile is
    [d / 64][tile_rows][64] (fa_i_slab_at: the wgmma's K-major tile with the
    128-byte swizzle, >> decode's wgmma kernel). */
 static __device__ __forceinline__ void fa_i_async_rows_as(const int mode, uint16_t *smem,
@@ -1469,9 +1479,9 @@ static __device__ __forceinline__ void fa_i_async_rows_as(const int mode, uint16
                                     (int64_t)(c_row % page_size) * stride + chunk0 * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {
-                const int there = valid && 8 * (chunk0 + c * tpr) < cols;
+                const int left = valid ? cols - 8 * (chunk0 + c * tpr) : 0; /* of the row */
                 fa_i_cp_async16(smem + pass * step * ld + fa_i_slab_at(x + c * tpr, ld, d, tile_rows),
-                                there ? from + c * tpr * 8 : g, there ? 16 : 0);
+                                left > 0 ? from + c * tpr * 8 : g, fa_i_chunk_bytes(left));
             }
         }
 }
@@ -1564,8 +1574,59 @@ static __device__ __forceinline__ float fa_i_dot8(uint4 x, uint4 y, int bf16)
     return sum;
 }
 
-/* Stores scale * f[0..7] as 8 16-bit elements (16 bytes) at dst. */
-static __device__ __forceinline__ void fa_i_store8(void *dst, const float *f, float scale, int bf16)
+/* The 8 16-bit elements at src of which the first n lie in the row: one
+   16-byte load where all 8 do, else element by element, zeros past n. */
+static __device__ __forceinline__ uint4 fa_i_load8_part(const uint16_t *src, int n)
+{
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    int i;
+    if (n >= 8) return *(const uint4 *)src;
+#pragma unroll
+    for (i = 0; i < 8; ++i)
+        if (i < n) w[i / 2] |= (uint32_t)src[i] << (16 * (i & 1));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* The first n (>= 1) of 8 16-bit elements w at dst: 16 bytes where n >= 8. */
+static __device__ __forceinline__ void fa_i_store8_part(uint16_t *dst, uint4 w, int n)
+{
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    int i;
+    if (n >= 8) {
+        *(uint4 *)dst = w;
+        return;
+    }
+#pragma unroll
+    for (i = 0; i < 8; ++i)
+        if (i < n) dst[i] = (uint16_t)(u[i / 2] >> (16 * (i & 1)));
+}
+
+/* The first n (>= 1) of the 8 16-bit elements at src (shared memory) to
+   dst: 16 bytes where n >= 8, else element by element. */
+static __device__ __forceinline__ void fa_i_copy8_part(uint16_t *dst, const uint16_t *src, int n)
+{
+    int i;
+    if (n >= 8) {
+        *(uint4 *)dst = *(const uint4 *)src;
+        return;
+    }
+    for (i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+/* Two adjacent 16-bit elements (the first in the low half of pair) at
+   row[col], those below cols: one word where both are. */
+static __device__ __forceinline__ void fa_i_store_pair(uint16_t *row, int col, int cols,
+                                                       uint32_t pair)
+{
+    if (col + 1 < cols)
+        *(uint32_t *)(row + col) = pair;
+    else if (col < cols)
+        row[col] = (uint16_t)pair;
+}
+
+/* Stores scale * f[0..n) (n <= 8) as 16-bit elements at dst. */
+static __device__ __forceinline__ void fa_i_store8(uint16_t *dst, const float *f, float scale,
+                                                   int bf16, int n)
 {
     uint32_t r[4];
     int i;
@@ -1573,7 +1634,7 @@ static __device__ __forceinline__ void fa_i_store8(void *dst, const float *f, fl
     for (i = 0; i < 4; ++i)
         r[i] = bf16 ? fa_i_pack_bf16(f[2 * i] * scale, f[2 * i + 1] * scale)
                     : fa_i_pack_f16(f[2 * i] * scale, f[2 * i + 1] * scale);
-    *(uint4 *)dst = make_uint4(r[0], r[1], r[2], r[3]);
+    fa_i_store8_part(dst, make_uint4(r[0], r[1], r[2], r[3]), n);
 }
 
 /* Fragments from smem tiles of pitch ld (FA_I_SMEM_AT): base points at a
@@ -1945,8 +2006,8 @@ static __global__ void __launch_bounds__(32 * FA_I_FA2(WARPS))
         for (i = 0; i < 16 * MT * (D / 8) / 32; ++i) { /* a warp's pass: 512 bytes */
             const int r = wrow + (32 * i + lane) / (D / 8), c = 8 * ((32 * i + lane) % (D / 8));
             if (m0 + r < p.seqlen_q && c < p.head_dim_v)
-                *(uint4 *)(go + (int64_t)(m0 + r) * p.o_layout.seq + c) =
-                    *(const uint4 *)(sq + FA_I_SMEM_AT(r, c, LD));
+                fa_i_copy8_part(go + (int64_t)(m0 + r) * p.o_layout.seq + c,
+                                sq + FA_I_SMEM_AT(r, c, LD), p.head_dim_v - c);
         }
     }
 }
@@ -3344,7 +3405,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             src += fa_i_dev_offset(&p.q_layout, b, hk * group + pr % group, pr / group) + c;
         fa_i_cp_async16(sq + (wg ? (c >> 6) * 64 * 64 + FA_I_SMEM_AT(r, c & 63, 64)
                                  : FA_I_SMEM_AT(r, c, LD)),
-                        src, valid ? 16 : 0);
+                        src, valid ? fa_i_chunk_bytes(cols_k - c) : 0);
     }
     /* the ring's first tiles, a commit group each; a sliced paged tile's
        pages are looked up a tile ahead of its copy (in the key loop, during
@@ -3471,8 +3532,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
 #pragma unroll
             for (i = 0; i < DW / 8; ++i)
                 if (col0 + 8 * i < cols_v)
-                    *(uint32_t *)(go + col0 + 8 * i + 2 * (lane & 3)) =
-                        FA_I_PACK(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
+                    fa_i_store_pair(go, col0 + 8 * i + 2 * (lane & 3), cols_v,
+                                    FA_I_PACK(o[i][2 * e] * inv, o[i][2 * e + 1] * inv));
             if (write_lse && p.lse) p.lse[lse_at] = lse;
         }
     }
@@ -4015,11 +4076,11 @@ static __device__ __forceinline__ void fa_i_bwd_step(int sh, int sb, int ahead, 
 #define FA_I_STORE_DK_DV(P, key, col, dk0, dk1, dv0, dv1)                                   \
     if ((key) < (P).seqlen_k) {                                                             \
         if ((col) < (P).head_dim)                                                           \
-            *(uint32_t *)(gdk + (int64_t)(key) * (P).dk_layout.seq + (col)) =               \
-                FA_I_PACK((dk0) * (P).scale, (dk1) * (P).scale);                            \
+            fa_i_store_pair(gdk + (int64_t)(key) * (P).dk_layout.seq, (col), (P).head_dim,  \
+                            FA_I_PACK((dk0) * (P).scale, (dk1) * (P).scale));               \
         if ((col) < (P).head_dim_v)                                                         \
-            *(uint32_t *)(gdv + (int64_t)(key) * (P).dv_layout.seq + (col)) =               \
-                FA_I_PACK((dv0), (dv1));                                                    \
+            fa_i_store_pair(gdv + (int64_t)(key) * (P).dv_layout.seq, (col), (P).head_dim_v, \
+                            FA_I_PACK((dv0), (dv1)));                                       \
     }
 
 /* Lanes per query row in the preprocess: the power of two that covers d with
@@ -4050,7 +4111,7 @@ static __global__ void fa_i_bwd_preprocess(const fa_params p, fa_i_bwd_args a)
         const uint16_t *o = (const uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, s);
         const uint16_t *g = (const uint16_t *)p.dout + fa_i_dev_offset(&p.dout_layout, b, h, s);
         for (i = 8 * lane; i < dv; i += 8 * lanes)
-            sum += fa_i_dot8(*(const uint4 *)(o + i), *(const uint4 *)(g + i),
+            sum += fa_i_dot8(fa_i_load8_part(o + i, dv - i), fa_i_load8_part(g + i, dv - i),
                              p.dtype == FA_DTYPE_BF16);
     }
     for (i = lanes / 2; i > 0; i >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, i);
@@ -4097,7 +4158,7 @@ static __global__ void fa_i_bwd_postprocess(const fa_params p, fa_i_bwd_args a)
                         fa_i_dev_offset(&p.dq_layout, (int)(bh / p.heads_q), (int)(bh % p.heads_q),
                                         first + r + 8 * i) +
                         8 * j,
-                    f + 8 * i, p.scale, bf16);
+                    f + 8 * i, p.scale, bf16, p.head_dim - 8 * j);
 }
 
 /* A staged gradient into the caller's tensor (fa_i_grad_out), in fp32 with
@@ -4132,7 +4193,7 @@ static __global__ void fa_i_bwd_grads_out(const fa_params p, fa_i_grad_out a)
         const uint32_t o[4] = {v.x, v.y, v.z, v.w};
         for (i = 0; i < 8; ++i) x[i] += fa_i_load16(o, i, bf16);
     }
-    fa_i_store8((uint16_t *)a.dst + to, x, 1.0f, bf16);
+    fa_i_store8((uint16_t *)a.dst + to, x, 1.0f, bf16, 8);
 }
 #endif /* FA_I_HOST */
 
@@ -4454,11 +4515,11 @@ static __global__ void __launch_bounds__(256, 1)
         for (i = 0; i < BN * (D / 8) / NT; ++i) {
             const int key = (i * NT + x) / (D / 8), col = 8 * ((i * NT + x) % (D / 8));
             if (c0 + key < p.seqlen_k && col < p.head_dim)
-                *(uint4 *)(gdk + (int64_t)(c0 + key) * p.dk_layout.seq + col) =
-                    *(const uint4 *)(sk + key * LDK + col);
+                fa_i_copy8_part(gdk + (int64_t)(c0 + key) * p.dk_layout.seq + col,
+                                sk + key * LDK + col, p.head_dim - col);
             if (c0 + key < p.seqlen_k && col < p.head_dim_v)
-                *(uint4 *)(gdv + (int64_t)(c0 + key) * p.dv_layout.seq + col) =
-                    *(const uint4 *)(sv + key * LDK + col);
+                fa_i_copy8_part(gdv + (int64_t)(c0 + key) * p.dv_layout.seq + col,
+                                sv + key * LDK + col, p.head_dim_v - col);
         }
     }
 #else
@@ -4590,12 +4651,12 @@ static __global__ void __launch_bounds__(32 * FA_I_BWDQ(WARPS))
 #pragma unroll
         for (i = 0; i < D / 8; ++i) {
             const int col = i * 8 + 2 * (lane & 3);
-            if (row0 < p.seqlen_q && col < p.head_dim)
-                *(uint32_t *)(gdq + row0 * p.dq_layout.seq + col) =
-                    FA_I_PACK(dq[i][0] * p.scale, dq[i][1] * p.scale);
-            if (row1 < p.seqlen_q && col < p.head_dim)
-                *(uint32_t *)(gdq + row1 * p.dq_layout.seq + col) =
-                    FA_I_PACK(dq[i][2] * p.scale, dq[i][3] * p.scale);
+            if (row0 < p.seqlen_q)
+                fa_i_store_pair(gdq + row0 * p.dq_layout.seq, col, p.head_dim,
+                                FA_I_PACK(dq[i][0] * p.scale, dq[i][1] * p.scale));
+            if (row1 < p.seqlen_q)
+                fa_i_store_pair(gdq + row1 * p.dq_layout.seq, col, p.head_dim,
+                                FA_I_PACK(dq[i][2] * p.scale, dq[i][3] * p.scale));
         }
     }
 }
@@ -5529,9 +5590,9 @@ static int fa_i_fa3_compiled(const void *fn, size_t smem, const fa_i_device *dev
 }
 
 /* The kernels for head dim d and dtype, or NULL when this build has none.
-   Tried in turn, among those of d itself and (16-bit d a multiple of 8) of
-   the larger head dims, whose tiles run d with the columns past it
-   zero-filled and never stored, smallest first:
+   Tried in turn, among those of d itself and (16-bit) of the larger head
+   dims, whose tiles run d with the columns past it zero-filled and never
+   stored, smallest first:
      fa3 = FA_I_FA3_FIRST   a Hopper kernel for `pass` that runs on dev, then d's, then any
      fa3 = FA_I_FA3_NONE    d's, then any (also: dev NULL)
    FA3 on a wider tile outruns FA2 on d's own, but for the backward on
@@ -5557,7 +5618,7 @@ static const fa_i_kernels *fa_i_find_kernels(int d, fa_dtype dtype, fa_pass pass
         for (i = 0; i < sizeof dims / sizeof dims[0]; ++i) { /* dims ascend */
             const fa_i_kernels *k = tables[i] + set;
             const fa_i_kernel *hopper = pass == FA_PASS_FORWARD ? &k->fa3_fwd[0] : &k->fa3_bwd;
-            const int fits = dims[i] == d || (dims[i] > d && set != 2 && d % 8 == 0);
+            const int fits = dims[i] == d || (dims[i] > d && set != 2);
             if (!fits || (!k->fa2_fwd.fn && !k->fa3_fwd[0].fn)) continue;
             if (order[fa3][round] == ANY ||
                 (order[fa3][round] == OWN && dims[i] == d) ||
@@ -5645,8 +5706,17 @@ static fa_status fa_i_cuda_check(const fa_params *params, fa_pass pass, int dete
     own = fa_i_find_kernels(fa_i_tile_head_dim(p), p->dtype, pass, FA_I_FA3_NONE, NULL);
     if (!own)
         return fa_i_fail(FA_ERR_UNSUPPORTED,
-                         "head_dim %d with dtype %d: not in this build, nor (16-bit, a multiple "
-                         "of 8) below a head dim that is", fa_i_tile_head_dim(p), (int)p->dtype);
+                         "head_dim %d with dtype %d: not in this build, nor (16-bit) below a "
+                         "head dim that is", fa_i_tile_head_dim(p), (int)p->dtype);
+    /* a head dim that ends inside a 16-byte chunk: its last chunk read and
+       stored in part (rows 16-byte aligned, below), but not by FA1 nor where
+       gradients are staged in rows of d (accumulate_grads, grads_f32) */
+    if (p->head_dim % 8 &&
+        (FA_VARIANT != 2 ||
+         (pass == FA_PASS_BACKWARD && (p->accumulate_grads || p->grads_f32))))
+        return fa_i_fail(FA_ERR_UNSUPPORTED,
+                         "head_dim %d, not a multiple of 8: FA_VARIANT 2, without "
+                         "accumulate_grads and grads_f32", p->head_dim);
     if (p->heads_q > 65535 || p->batch > 65535)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "heads_q and batch must be <= 65535");
     if (!fa_i_aligned(p->q, &p->q_layout, p->dtype) || !fa_i_aligned(p->k, &p->k_layout, p->dtype) ||
@@ -7116,6 +7186,11 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
 
 static fa_status fa_i_seq_run(const fa_params *params, fa_i_seq_call *call)
 {
+    /* the workspace holds rows of d elements (gathered pages, LSE and
+       schedule staging): 16-byte rows only */
+    if (params->head_dim % 8 || params->head_dim_v % 8)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "head_dim %d / head_dim_v %d with varlen or paged "
+                         "K/V: multiples of 8", params->head_dim, params->head_dim_v);
     return params->block_table ? fa_i_paged_run(params, call) : fa_i_varlen_run(params, call);
 }
 

@@ -193,7 +193,9 @@ def quantize(x, dtype):
 
 
 class Tensor:
-    """A [B, N, H, d] tensor stored in one of the layouts 'bshd', 'bhsd', 'padded'."""
+    """A [B, N, H, d] tensor stored in one of the layouts 'bshd', 'bhsd', 'padded',
+    'aligned' (rows padded to a multiple of 8 elements, then 8 more: 16-byte
+    rows for any d)."""
 
     def __init__(self, shape, dtype, layout="bshd", values=None):
         b, n, h, d = shape
@@ -204,8 +206,9 @@ class Tensor:
         elif layout == "bhsd":
             self.storage = np.empty((b, h, n, d), STORAGE[dtype])
             self.view = self.storage.transpose(0, 2, 1, 3)
-        elif layout == "padded":  # every row padded by 8 elements, poisoned
-            self.storage = np.full((b, n, h, d + 8), POISON[dtype], STORAGE[dtype])
+        elif layout in ("padded", "aligned"):  # every row padded, poisoned
+            pad = 8 + (-d % 8 if layout == "aligned" else 0)
+            self.storage = np.full((b, n, h, d + pad), POISON[dtype], STORAGE[dtype])
             self.view = self.storage[..., :d]
         else:
             raise ValueError(layout)

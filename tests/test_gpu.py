@@ -64,8 +64,8 @@ for d in HEAD_DIMS:
 # Head dims between the built ones (FlashAttention's own test list: 40, 80,
 # 224, and more): a multiple of 8 runs on a larger head dim's tiles (FA3's on
 # Hopper, FA2's in the FA2 build; the decode kernel's for few queries), the
-# columns past d zero-filled on load and never stored; 59 or 47 is refused
-# (gpu_head_dim_not_a_multiple_of_8).
+# columns past d zero-filled on load and never stored; 59 or 47 in rows
+# that are not 16-byte aligned is refused (gpu_head_dim_not_a_multiple_of_8).
 for i, d in enumerate((8, 40, 80, 112, 136, 224, 248)):
     dtype = ("bf16", "f16")[i % 2]
     case(f"gpu_fwd_between_d{d}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=333,
@@ -78,6 +78,20 @@ for i, d in enumerate((8, 40, 80, 112, 136, 224, 248)):
          dtype=dtype, causal=True, window=(60, 0) if i % 3 == 0 else None)
     case(f"gpu_decode_between_d{d}", gpu_forward, batch=2, heads_q=8, heads_kv=2, seqlen_q=3,
          seqlen_k=2000, head_dim=d, dtype=dtype, causal=True, num_splits=(0, 3)[i % 2])
+
+# Head dims that end inside a 16-byte chunk (FlashAttention's list has 59
+# and 111): rows 16-byte aligned ('aligned': padded to a multiple of 8,
+# poisoned), the tiles of the next head dim, the last chunk read and stored
+# in part; the decode path too. Unpadded rows of such a d are refused.
+for i, d in enumerate((59, 111, 47, 5, 250)):
+    dtype = ("bf16", "f16")[i % 2]
+    case(f"gpu_fwd_odd_d{d}", gpu_forward, heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=333,
+         head_dim=d, dtype=dtype, layout="aligned", causal=i % 2 == 1)
+    case(f"gpu_bwd_odd_d{d}", gpu_backward, heads_q=4, heads_kv=2, seqlen_q=150, seqlen_k=190,
+         head_dim=d, dtype=dtype, layout="aligned", causal=i % 2 == 0)
+    case(f"gpu_decode_odd_d{d}", gpu_forward, batch=2, heads_q=8, heads_kv=2, seqlen_q=4,
+         seqlen_k=1500, head_dim=d, dtype=dtype, layout="aligned", causal=True,
+         num_splits=(0, 3)[i % 2])
 
 # A V head dim of its own (forward): DeepSeek's 192 / 128 and others, on
 # the tiles of the larger (FA3's on Hopper, FA2's, the decode kernel's).
@@ -487,9 +501,14 @@ def _field(**fields):
 
 
 case("gpu_bad_f32_unsupported", _gpu_status, _field(dtype=0), "FA_ERR_UNSUPPORTED")
-case("gpu_head_dim_not_a_multiple_of_8", _gpu_status, _field(head_dim=59), "FA_ERR_UNSUPPORTED")
-case("gpu_head_dim_not_a_multiple_of_8_bwd", _gpu_status, _field(head_dim=47),
-     "FA_ERR_UNSUPPORTED", True)
+# d = 59 / 47 in unpadded rows (heads 59 elements apart: not 16-byte
+# aligned), and with accumulate_grads (gradients staged in rows of d)
+case("gpu_head_dim_not_a_multiple_of_8", _gpu_status,
+     _field(head_dim=59, q_layout=(20 * 4 * 59, 59, 4 * 59)), "FA_ERR_UNSUPPORTED")
+case("gpu_head_dim_not_a_multiple_of_8_bwd", _gpu_status,
+     _field(head_dim=47, k_layout=(30 * 2 * 47, 47, 2 * 47)), "FA_ERR_UNSUPPORTED", True)
+case("gpu_head_dim_not_a_multiple_of_8_accumulate_grads", _gpu_status,
+     _field(head_dim=59, accumulate_grads=1), "FA_ERR_UNSUPPORTED", True)
 @test
 def gpu_head_dim_v_backward_fa2_atomic_on_hopper_refused():
     """head_dim_v != head_dim in the atomic mode of a build without the FA3
@@ -746,8 +765,8 @@ GPU_FUZZ_SECONDS = 300  # a bound on the run, not a target: fewer problems fail 
 
 
 def _gpu_fuzz_config(rng):
-    """A random valid problem: head dims compiled or between (multiples of 8),
-    sometimes a V head dim of its own; small lengths (1 .. 300) so that a
+    """A random valid problem: head dims compiled or between (multiples of 8;
+    a tenth any d in 16-byte rows), sometimes a V head dim of its own; small lengths (1 .. 300) so that a
     thousand run in minutes; every mask, softcap, GQA, layouts, splits."""
     d = int(rng.choice(HEAD_DIMS)) if rng.random() < 0.6 else 8 * int(rng.integers(1, 33))
     group = int(rng.choice((1, 2, 4)))
@@ -761,7 +780,9 @@ def _gpu_fuzz_config(rng):
         cfg["window"] = (int(rng.integers(-1, 80)), int(rng.integers(-1, 20)))
     if rng.random() < 0.15:
         cfg["softcap"] = float(rng.uniform(2.0, 30.0))
-    if rng.random() < 0.15:
+    if rng.random() < 0.1:  # a head dim that ends inside a 16-byte chunk, in 16-byte rows
+        cfg["head_dim"], cfg["layout"] = int(rng.integers(1, 257)), "aligned"
+    elif rng.random() < 0.15:
         cfg["head_dim_v"] = 8 * int(rng.integers(1, 33))
     if cfg["seqlen_q"] <= 16 and rng.random() < 0.5:
         cfg["num_splits"] = int(rng.integers(1, 9))

@@ -41,9 +41,9 @@ class VarlenProblem:
 
     def tensor(self, rows, heads, values=None, v_side=False):
         """A packed [rows, heads, d] tensor (d: head_dim_v for v, o, dout, dv;
-        rows padded by `pad` poisoned elements)."""
+        with pad, rows padded to 16 bytes and 8 elements more, poisoned)."""
         t = fa.Tensor((1, max(rows, 1), heads, self.dv if v_side else self.d), self.dtype,
-                      "padded" if self.pad else "bshd")
+                      "aligned" if self.pad else "bshd")
         if values is not None and rows:
             t.view[0] = fa.to_storage(values, self.dtype)
         return t
@@ -400,3 +400,17 @@ for name, mutate, expected in (
         ("valid_but_reference_is_dense_only", _fields(), "ok")):
     case(f"varlen_bad_{name}", _varlen_bad, mutate, expected,
          ("fa2", "gpu") if expected != "ok" else ("ref",))
+
+
+def gpu_varlen_head_dim_59_refused():
+    """A head dim that ends inside a 16-byte chunk (59) with varlen, its rows
+    16-byte aligned: FA_ERR_UNSUPPORTED (the workspace holds rows of d
+    elements), O untouched."""
+    need_gpu()
+    prob = VarlenProblem(rng_for("varlen_d59"), [5, 9], [7, 12], head_dim=59, dtype="bf16", pad=1)
+    status, o, _ = prob.forward("gpu")
+    assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
+    assert np.isnan(o).all(), "O was written"
+
+
+case("gpu_varlen_head_dim_59_refused", gpu_varlen_head_dim_59_refused)

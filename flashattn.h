@@ -1,4 +1,4 @@
-/* flashattn.h - v0.9.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.10.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -3182,6 +3182,12 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.10.0 GPU: head dims that are not a multiple of 8 (59, 111, ...) in
+          16-byte rows (padded layouts), forward, backward and decode;
+          paged prefill reads pages of 32 in place (table entries loaded
+          ahead); the wgmma decode over paged caches and smaller head dims;
+          the page gather in one launch; the split library's ptxas on every
+          core (CUDA_LIB_PTXAS)
    0.9.0  GPU: decode with more than 32 GQA-packed rows (speculative
           tokens) runs a wgmma kernel on Hopper at d = 64 and 128; FA3
           forward grids take one tile per CTA where tiles are no more than

@@ -44,7 +44,7 @@
    other head dims up to 256 run on a larger head dim's kernels, the
    columns past d zero-filled on load and never stored (fa_i_find_kernels);
    one that is not a multiple of 8 needs 16-byte rows (padded layouts), its
-   last chunk read and stored in part (fa_i_chunk_bytes, fa_i_store8_part).
+   last chunk read and stored in part (fa_i_chunk_bytes, fa_i_copy8_part).
    head_dim_v != head_dim likewise (16-bit, both multiples of 8); its
    backward on the Hopper kernel only (atomic mode).
    Options: >> options.
@@ -569,8 +569,8 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #define FA_I_SM90_PRODUCER_REGS(nc) ((nc) == 2 ? 40 : 32)
 #define FA_I_SM90_CONSUMER_REGS(nc) ((nc) == 2 ? 232 : 160)
 /* The most boxes of keys the producer loads a key tile in from pages
-   below the tile, their entries held in its registers (pages of 32 at the
-   128-key tiles; pages of 16 in place ran no faster than the gather). */
+   below the tile, their table entries held in its registers (pages of 32
+   at the 128-key tiles; smaller pages are gathered: DESIGN.md). */
 #define FA_I_FA3_BOXES 4
 /* FP8's producer warpgroup also transposes V: with 3 consumers it keeps 40
    (its consumers need no more than 152: P is half the size). */
@@ -714,7 +714,7 @@ static __device__ __forceinline__ void fa_i_cp_async16(void *smem, const void *g
 /* A row of d columns ends inside its last 16-byte chunk where d % 8 != 0
    (rows 16-byte aligned: padded layouts): its bytes from that chunk on,
    as cp.async's src-size (the rest zero-filled), from `left` elements. */
-static __host__ __device__ __forceinline__ int fa_i_chunk_bytes(int left)
+static __device__ __forceinline__ int fa_i_chunk_bytes(int left)
 {
     return min(16, max(0, 2 * left));
 }
@@ -1587,20 +1587,6 @@ static __device__ __forceinline__ uint4 fa_i_load8_part(const uint16_t *src, int
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* The first n (>= 1) of 8 16-bit elements w at dst: 16 bytes where n >= 8. */
-static __device__ __forceinline__ void fa_i_store8_part(uint16_t *dst, uint4 w, int n)
-{
-    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-    int i;
-    if (n >= 8) {
-        *(uint4 *)dst = w;
-        return;
-    }
-#pragma unroll
-    for (i = 0; i < 8; ++i)
-        if (i < n) dst[i] = (uint16_t)(u[i / 2] >> (16 * (i & 1)));
-}
-
 /* The first n (>= 1) of the 8 16-bit elements at src (shared memory) to
    dst: 16 bytes where n >= 8, else element by element. */
 static __device__ __forceinline__ void fa_i_copy8_part(uint16_t *dst, const uint16_t *src, int n)
@@ -1624,7 +1610,8 @@ static __device__ __forceinline__ void fa_i_store_pair(uint16_t *row, int col, i
         row[col] = (uint16_t)pair;
 }
 
-/* Stores scale * f[0..n) (n <= 8) as 16-bit elements at dst. */
+/* Stores scale * f[0..n) (n >= 1, at most 8) as 16-bit elements at dst:
+   16 bytes where n >= 8, else element by element. */
 static __device__ __forceinline__ void fa_i_store8(uint16_t *dst, const float *f, float scale,
                                                    int bf16, int n)
 {
@@ -1634,7 +1621,13 @@ static __device__ __forceinline__ void fa_i_store8(uint16_t *dst, const float *f
     for (i = 0; i < 4; ++i)
         r[i] = bf16 ? fa_i_pack_bf16(f[2 * i] * scale, f[2 * i + 1] * scale)
                     : fa_i_pack_f16(f[2 * i] * scale, f[2 * i + 1] * scale);
-    fa_i_store8_part(dst, make_uint4(r[0], r[1], r[2], r[3]), n);
+    if (n >= 8) {
+        *(uint4 *)dst = make_uint4(r[0], r[1], r[2], r[3]);
+        return;
+    }
+#pragma unroll
+    for (i = 0; i < 8; ++i)
+        if (i < n) dst[i] = (uint16_t)(r[i / 2] >> (16 * (i & 1)));
 }
 
 /* Fragments from smem tiles of pitch ld (FA_I_SMEM_AT): base points at a
@@ -2671,9 +2664,8 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
                (not FP8's: dense only, and its producer has no registers to
                spare): the tile whole from its page, or a box of `box` keys
                from each page it spans, box rows apart in each chunk. Every
-               box's entry is loaded before the waits, together: one
-               dependent load a box, K's and again V's, left pages below 64
-               keys slower than a gather (DESIGN.md, paged caches). */
+               box's entry is loaded before the waits, all together, and
+               serves K and V: not a dependent load a box after the wait. */
             const int box = paged_keys ? min(1 << maps->page_shift, (int)BN) : BN;
             int page[BOXES], jj;
 #pragma unroll
@@ -3550,24 +3542,20 @@ static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
 }
 #if FA_I_DECODE_WG
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA_I_DECODE_WG_KERNEL(suffix, general)                                               \
-    static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)                      \
-        FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), suffix)(const fa_params p, const fa_i_decode_args a) \
-    {                                                                                        \
-        FA_I_KNAME(fa_i_decode_body)(&p, a, general, 1);                                     \
-    }
-#else
-#define FA_I_DECODE_WG_KERNEL(suffix, general)                                               \
-    static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)                      \
-        FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), suffix)(const fa_params p, const fa_i_decode_args a) \
-    {                                                                                        \
-        (void)p;                                                                             \
-        (void)a;                                                                             \
-    }
+#define FA_I_DECODE_WG_BODY(general) FA_I_KNAME(fa_i_decode_body)(&p, a, general, 1)
+#else /* an empty body where the a features are not compiled */
+#define FA_I_DECODE_WG_BODY(general) ((void)p, (void)a)
 #endif
+#define FA_I_DECODE_WG_KERNEL(suffix, general)                                               \
+    static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)                      \
+        FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), suffix)(const fa_params p, const fa_i_decode_args a) \
+    {                                                                                        \
+        FA_I_DECODE_WG_BODY(general);                                                        \
+    }
 FA_I_DECODE_WG_KERNEL(_wg, 0)
 FA_I_DECODE_WG_KERNEL(_wg_general, 1)
 #undef FA_I_DECODE_WG_KERNEL
+#undef FA_I_DECODE_WG_BODY
 #endif
 #undef FA_I_DEC
 #endif /* >> decode */

@@ -210,7 +210,11 @@ for shape, src_dtype, hadamard, layout in (((2, 300, 3, 128), "bf16", True, "bsh
                                            ((1, 130, 3, 192), "f16", False, "bhsd"),
                                            ((2, 300, 3, 128), "bf16", False, "bshd"),
                                            ((1, 257, 2, 256), "bf16", False, "bshd"),
-                                           ((3, 70, 2, 64), "f16", False, "padded")):
+                                           ((3, 70, 2, 64), "f16", False, "padded"),
+                                           # more blocks than a wave of CTAs: each walks several
+                                           ((2, 4100, 16, 128), "bf16", True, "bshd"),
+                                           ((3, 2000, 24, 64), "f16", False, "bshd"),
+                                           ((1, 2050, 20, 256), "bf16", False, "bhsd")):
     case(f"gpu_fp8_quantize_matches_cpu_{'x'.join(map(str, shape))}_{src_dtype}"
          f"{'_hadamard' if hadamard else ''}_{layout}", gpu_quantize_matches_cpu, shape,
          src_dtype, hadamard, layout)

@@ -322,12 +322,25 @@ def gpu_varlen_graph_capture():
     """Captured into a CUDA graph (forward, deterministic backward) a ragged
     batch runs sequence by sequence (the one-launch schedule comes from host
     memory): the bits of the direct calls, which on Hopper take the one
-    launch (sequences of more than 16 queries: the same tile either way)."""
+    launch (sequences of more than 16 queries: the same tile either way),
+    and of each sequence called alone as a dense batch of one."""
     need_gpu()
     prob = VarlenProblem(rng_for("varlen_graph"), [300, 0, 65, 1000], [500, 7, 65, 900],
                          causal=True, head_dim=128, dtype="bf16")
     status, o, lse = prob.forward("gpu")
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    for b in range(prob.b):
+        q0, q1, k0, k1 = prob.cu_q[b], prob.cu_q[b + 1], prob.cu_k[b], prob.cu_k[b + 1]
+        if q1 == q0:
+            continue
+        seq = fa.Problem(rng_for("varlen_graph_seq"), heads_q=prob.hq, heads_kv=prob.hkv,
+                         seqlen_q=int(q1 - q0), seqlen_k=int(k1 - k0), head_dim=prob.d,
+                         dtype=prob.dtype, causal=prob.causal)
+        seq.q, seq.k, seq.v = prob.q[None, q0:q1], prob.k[None, k0:k1], prob.v[None, k0:k1]
+        status, seq_o, seq_lse = seq.forward("gpu")
+        assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+        assert np.array_equal(seq_o[0], o[q0:q1]) and np.array_equal(seq_lse[0], lse[:, q0:q1]), \
+            f"sequence {b}: the one launch and the dense call differ"
     status, *grads = prob.backward(o, lse, "gpu_det")
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
     t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),

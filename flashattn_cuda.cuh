@@ -5884,22 +5884,25 @@ static size_t fa_i_round4(size_t n) { return (n + 3) / 4 * 4; }
 
 /* The decode kernel's key splits for base_ctas CTAs of (row block, kv
    head, batch): num_splits where the caller forces it, else 1 where the
-   CTAs already fill 80% of the device (its SMs times the CTAs an SM holds),
-   else the fewest splits whose waves are at least 95% as full as the
-   fullest split count's (FlashAttention's heuristic, at 95% where it has
-   85%: DESIGN.md, decode), with at least two key tiles per split. */
+   CTAs already fill 80% of the device, else the fewest splits whose waves
+   are at least 95% as full as the fullest split count's (FlashAttention's
+   heuristic, at 95% where it has 85%), with at least two key tiles per
+   split. The device's CTAs: one an SM where `one_per_sm` (the keys stream
+   faster from fewer, longer splits), else as many as an SM holds
+   (DESIGN.md, decode). */
 static int fa_i_decode_splits(const fa_params *p, const fa_i_kernel *k, int64_t base_ctas,
-                              const fa_i_device *dev)
+                              int one_per_sm, const fa_i_device *dev)
 {
     const int tiles = fa_i_blocks(p->seqlen_k, k->keys);
-    int per_sm = 0, most = tiles / 2 < FA_MAX_PARTS ? tiles / 2 : FA_MAX_PARTS, s;
+    int per_sm = 1, most = tiles / 2 < FA_MAX_PARTS ? tiles / 2 : FA_MAX_PARTS, s;
     double eff[FA_MAX_PARTS + 1], best = 0.0;
     int64_t capacity;
     if (p->num_splits) return p->num_splits;
-    if (cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k->smem) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k->fn, k->threads, k->smem) !=
-            cudaSuccess) {
+    if (!one_per_sm &&
+        (cudaFuncSetAttribute(k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k->smem) !=
+             cudaSuccess ||
+         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k->fn, k->threads, k->smem) !=
+             cudaSuccess)) {
         cudaGetLastError(); /* no estimate: no split; the launch reports a real error */
         return 1;
     }
@@ -5971,7 +5974,10 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
     base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
-    a->splits = fa_i_decode_splits(p, k, base, dev);
+    /* at d <= 64 the page walk and the wgmma kernel's 64-row steps cost
+       more per byte than the dense streaming kernel's: they keep more CTAs
+       an SM in flight */
+    a->splits = fa_i_decode_splits(p, k, base, plan->k->head_dim > 64 || k == &plan->k->decode, dev);
     a->part_floats = /* rows of the kernels' head dim */
         (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * plan->k->head_dim);
     a->lse_floats = (int64_t)fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q);

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.10.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.10.1 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -92,8 +92,8 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 9
-#define FA_VERSION_PATCH 0
+#define FA_VERSION_MINOR 10
+#define FA_VERSION_PATCH 1
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -3182,6 +3182,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.10.1 GPU: the decode split rule fills one CTA an SM (fewer, longer
+          splits), but for the page walk and the wgmma kernel at d <= 64;
+          version macros in step with this line again
    0.10.0 GPU: head dims that are not a multiple of 8 (59, 111, ...) in
           16-byte rows (padded layouts), forward, backward and decode;
           paged prefill reads pages of 32 in place (table entries loaded

@@ -52,6 +52,24 @@ def headers_are_template_free():
                 assert not banned.search(code), f"{os.path.basename(path)}:{number}: {line.strip()}"
 
 
+@test
+def version_is_the_same_everywhere():
+    """flashattn.h's version macros, its first line, its revision history's
+    newest entry and flashattn_cuda.cuh's first line name one version."""
+    with open(os.path.join(ROOT, "flashattn.h")) as f:
+        h = f.read()
+    with open(os.path.join(ROOT, "flashattn_cuda.cuh")) as f:
+        cuh_first = f.readline()
+    macros = ".".join(re.search(rf"#define FA_VERSION_{n} (\d+)", h).group(1)
+                      for n in ("MAJOR", "MINOR", "PATCH"))
+    named = {"macros": macros,
+             "flashattn.h line 1": re.search(r"v(\d+\.\d+\.\d+)", h.splitlines()[0]).group(1),
+             "revision history": re.search(r"REVISION HISTORY\n\s+(\d+\.\d+\.\d+)", h).group(1),
+             "flashattn_cuda.cuh line 1": re.search(r"v(\d+\.\d+\.\d+)", cuh_first).group(1)}
+    assert len(set(named.values())) == 1, named
+    return macros
+
+
 def first_comment_command(path):
     with open(path) as f:
         first = f.readline()

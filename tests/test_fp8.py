@@ -211,7 +211,7 @@ for shape, src_dtype, hadamard, layout in (((2, 300, 3, 128), "bf16", True, "bsh
                                            ((2, 300, 3, 128), "bf16", False, "bshd"),
                                            ((1, 257, 2, 256), "bf16", False, "bshd"),
                                            ((3, 70, 2, 64), "f16", False, "padded"),
-                                           # more blocks than a wave of CTAs: each walks several
+                                           # more blocks than the SMs (a grid of 1056, 1152, 340)
                                            ((2, 4100, 16, 128), "bf16", True, "bshd"),
                                            ((3, 2000, 24, 64), "f16", False, "bshd"),
                                            ((1, 2050, 20, 256), "bf16", False, "bhsd")):

@@ -5974,10 +5974,9 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
     base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
-    /* at d <= 64 the page walk and the wgmma kernel's 64-row steps cost
-       more per byte than the dense streaming kernel's: they keep more CTAs
-       an SM in flight */
-    a->splits = fa_i_decode_splits(p, k, base, plan->k->head_dim > 64 || k == &plan->k->decode, dev);
+    /* at d <= 64 the page walk (and the column masks) cost more per byte
+       than the dense kernels' streams: it keeps more CTAs an SM in flight */
+    a->splits = fa_i_decode_splits(p, k, base, plan->k->head_dim > 64 || !general, dev);
     a->part_floats = /* rows of the kernels' head dim */
         (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * plan->k->head_dim);
     a->lse_floats = (int64_t)fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q);

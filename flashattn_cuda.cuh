@@ -21,7 +21,7 @@
      decode    seqlen_q <= 16: the query heads sharing a kv head packed as
                one tile's rows, keys split over CTAs and merged by the
                combine; mma.sync, or on Hopper with more than 32 packed rows
-               at d <= 128 (the tiles of 64 and 128; dense or paged) wgmma.
+               (the tiles of 64, 128 and 256; dense or paged) wgmma.
      fp8       the FA3 forward with e4m3 Q, K, V (d = 64, 128, 256), V
                transposed in the kernel; fa_cuda_quantize_fp8 makes its inputs.
      backward  FA3 on Hopper (dQ by bulk reduce-add) on the tiles of d = 64,
@@ -3158,7 +3158,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
      O[:, its columns] += P V
    At the end the KS warps of a (row tile, column part) merge their (m, l, O)
    through shared memory. On Hopper, more than 32 packed rows on the tiles
-   of d = 64 or 128 run the wgmma kernels (_wg, dense at the tile's head dim;
+   of d = 64, 128 and 256 run the wgmma kernels (_wg, dense at the tile's head dim;
    _wg_general, paged or a smaller head dim): the same CTA, ring
    and schedule, its 4 warps one warpgroup over 64 rows, each key tile's
    S = Q K^T and O += P V one wgmma chain each (fa_i_decode_wg_step): at 16
@@ -3168,8 +3168,9 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #define FA_I_DECODE_MAX_Q 16
 #define FA_I_DECODE_WARPS 4
 /* The head dims with the wgmma kernel (Hopper builds): a warpgroup's O of d
-   columns beside S in its registers. */
-#define FA_I_DECODE_WG (FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128))
+   columns beside S in its registers (d = 256: 128 a thread, at one CTA an
+   SM, which its shared memory sets anyway). */
+#define FA_I_DECODE_WG (FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256))
 #endif
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
@@ -3304,33 +3305,33 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_wg_step)(
    paged cache, or head dims below the tile's (columns masked); the kernel
    for the rest (dense, d = the tile's) carries neither: both paths in one
    kernel slowed the dense one (DESIGN.md, paged caches). `wg` (Hopper,
-   dense, 4 row tiles): the CTA's 64 rows as one warpgroup's wgmma tile
-   (fa_i_decode_wg_step), Q and the ring as [d / 64][rows][64] tiles with
-   the 128-byte swizzle, 1 KB aligned. */
+   4 row tiles): the CTA's 64 rows as one warpgroup's wgmma tile
+   (fa_i_decode_wg_step) over all of d (no DSPLIT), Q and the ring as
+   [d / 64][rows][64] tiles with the 128-byte swizzle, 1 KB aligned. */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_params *params,
                                                                    const fa_i_decode_args a,
                                                                    const int general, const int wg)
 {
     enum {
-        D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES), DS = FA_I_DEC(DSPLIT),
-        DW = D / DS, /* O columns per warp */
-        NT = 32 * FA_I_DECODE_WARPS, LD = FA_I_PITCH(D), SLICES = BN / 16, BF16 = FA_I_IS_BF16,
-        MAX_ROWS = 16 * FA_I_DECODE_WARPS / DS, SLOT = 16 * DW + 32 /* a warp's (O, m, l) */
+        D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES),
+        NT = 32 * FA_I_DECODE_WARPS, LD = FA_I_PITCH(D), SLICES = BN / 16, BF16 = FA_I_IS_BF16
     };
+    const int ds = wg ? 1 : FA_I_DEC(DSPLIT), dw = D / ds; /* dw: O columns per warp */
+    const int max_rows = 16 * FA_I_DECODE_WARPS / ds, slot = 16 * dw + 32; /* a warp's (O, m, l) */
     extern __shared__ uint4 fa_i_smem[];
     uint16_t *sq = (uint16_t *)fa_i_smem, *sk, *sv;
 #if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (wg) sq += (0u - fa_i_smem_addr(fa_i_smem)) % 1024 / 2; /* the swizzle's 1 KB atoms */
 #endif
-    sk = sq + MAX_ROWS * LD;
+    sk = sq + max_rows * LD;
     sv = sk + STAGES * BN * LD;
     const int kld = wg ? 64 : LD; /* the ring's pitch (wg: 64-column slabs) */
     fa_params p = *params;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int rt_count = a.row_tiles, rows = 16 * rt_count;
-    const int ks_count = FA_I_DECODE_WARPS / (rt_count * DS);
-    const int rt = warp % rt_count, dpart = warp / rt_count % DS, ks = warp / (rt_count * DS);
-    const int col0 = dpart * DW; /* this warp's first O column */
+    const int rt_count = wg ? 4 : a.row_tiles, rows = 16 * rt_count; /* wg: 4 (the plan) */
+    const int ks_count = FA_I_DECODE_WARPS / (rt_count * ds);
+    const int rt = warp % rt_count, dpart = warp / rt_count % ds, ks = warp / (rt_count * ds);
+    const int col0 = dpart * dw; /* this warp's first O column */
     /* two slices a step where each warp still gets one; not in the general
        d = 256 kernel for sm_8x, whose registers do not hold both (it
        spilled) */
@@ -3360,7 +3361,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     const float log2_scale = p.softcap > 0.0f ? 1.0f : p.scale * FA_I_LOG2E_F;
     /* this thread's rows: packed rows my_row, my_row + 8 of its warp's row tile */
     const int my_row = r0 + 16 * rt + (lane >> 2);
-    float o[DW / 8][4], m_run[2], l_run[2];
+    float o[D / 8][4], m_run[2], l_run[2]; /* dw / 8 blocks used */
     uint32_t qa[D / 16][4]; /* this warp's row tile of Q as A fragments */
     int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
 
@@ -3386,7 +3387,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         lo[e] = hi[e] = 0;
         if (r < r_end) fa_i_key_range(&p, r / group, &lo[e], &hi[e]);
     }
-    fa_i_zero_acc(o, DW / 8);
+    fa_i_zero_acc(o, dw / 8);
 
     /* Q: the packed rows, 16-byte chunks (rows past the end as zeros) */
     for (i = tid; i < rows * (D / 8); i += NT) {
@@ -3462,28 +3463,28 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     if (ks_count > 1) {
         /* The warps past the first of a (row tile, column part) leave their
            (O, m, l) in the ring's memory, one slot per warp; the first merges. */
-        float *slots = (float *)sk, *mine = slots + warp * SLOT;
+        float *slots = (float *)sk, *mine = slots + warp * slot;
         const int g = lane >> 2, c2 = 2 * (lane & 3);
         __syncthreads(); /* every warp is done with the ring */
         if (ks > 0) {
 #pragma unroll
-            for (i = 0; i < DW / 8; ++i) {
-                *(float2 *)(mine + g * DW + 8 * i + c2) = make_float2(o[i][0], o[i][1]);
-                *(float2 *)(mine + (g + 8) * DW + 8 * i + c2) = make_float2(o[i][2], o[i][3]);
+            for (i = 0; i < dw / 8; ++i) {
+                *(float2 *)(mine + g * dw + 8 * i + c2) = make_float2(o[i][0], o[i][1]);
+                *(float2 *)(mine + (g + 8) * dw + 8 * i + c2) = make_float2(o[i][2], o[i][3]);
             }
             if ((lane & 3) == 0) {
-                mine[16 * DW + g] = m_run[0], mine[16 * DW + g + 8] = m_run[1];
-                mine[16 * DW + 16 + g] = l_run[0], mine[16 * DW + 24 + g] = l_run[1];
+                mine[16 * dw + g] = m_run[0], mine[16 * dw + g + 8] = m_run[1];
+                mine[16 * dw + 16 + g] = l_run[0], mine[16 * dw + 24 + g] = l_run[1];
             }
         }
         __syncthreads();
         if (ks > 0) return;
         for (j = 1; j < ks_count; ++j) {
-            const float *other = slots + (warp + j * rt_count * DS) * SLOT;
+            const float *other = slots + (warp + j * rt_count * ds) * slot;
             float w_mine[2], w_other[2];
 #pragma unroll
             for (e = 0; e < 2; ++e) {
-                const float m2 = other[16 * DW + g + 8 * e], l2 = other[16 * DW + 16 + g + 8 * e];
+                const float m2 = other[16 * dw + g + 8 * e], l2 = other[16 * dw + 16 + g + 8 * e];
                 const float mx = fmaxf(m_run[e], m2), ref = mx == -INFINITY ? 0.0f : mx;
                 w_mine[e] = fa_i_dev_exp2(m_run[e] - ref);
                 w_other[e] = fa_i_dev_exp2(m2 - ref);
@@ -3491,9 +3492,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                 m_run[e] = mx;
             }
 #pragma unroll
-            for (i = 0; i < DW / 8; ++i) {
-                const float2 x = *(const float2 *)(other + g * DW + 8 * i + c2);
-                const float2 y = *(const float2 *)(other + (g + 8) * DW + 8 * i + c2);
+            for (i = 0; i < dw / 8; ++i) {
+                const float2 x = *(const float2 *)(other + g * dw + 8 * i + c2);
+                const float2 y = *(const float2 *)(other + (g + 8) * dw + 8 * i + c2);
                 o[i][0] = o[i][0] * w_mine[0] + x.x * w_other[0];
                 o[i][1] = o[i][1] * w_mine[0] + x.y * w_other[0];
                 o[i][2] = o[i][2] * w_mine[1] + y.x * w_other[1];
@@ -3515,14 +3516,14 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             float *part = a.o_part + (int64_t)split * a.part_floats +
                           (((int64_t)b * p.seqlen_q + t) * p.heads_q + h) * D + col0;
 #pragma unroll
-            for (i = 0; i < DW / 8; ++i)
+            for (i = 0; i < dw / 8; ++i)
                 *(float2 *)(part + 8 * i + 2 * (lane & 3)) =
                     make_float2(o[i][2 * e] * inv, o[i][2 * e + 1] * inv);
             if (write_lse) a.lse_part[(int64_t)split * a.lse_floats + lse_at] = lse;
         } else {
             uint16_t *go = (uint16_t *)p.o + fa_i_dev_offset(&p.o_layout, b, h, t);
 #pragma unroll
-            for (i = 0; i < DW / 8; ++i)
+            for (i = 0; i < dw / 8; ++i)
                 if (col0 + 8 * i < cols_v)
                     fa_i_store_pair(go, col0 + 8 * i + 2 * (lane & 3), cols_v,
                                     FA_I_PACK(o[i][2 * e] * inv, o[i][2 * e + 1] * inv));
@@ -5392,12 +5393,15 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
-#if FA_I_DECODE_WG /* the same tiles, 1 KB aligned */
+#if FA_I_DECODE_WG /* the same ring, 64 rows of Q (no DSPLIT), 1 KB aligned */
+#define FA_I_DECODE_WG_SMEM                                                                  \
+    (2 * FA_I_D * (64 + 2 * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *                      \
+                            FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW)) + 1024)
 #define FA_I_DECODE_WG_ENTRY(dt, suffix)                                                     \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), 64, FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), \
-     32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM + 1024}
-static_assert(FA_I_DECODE_MAX_ROWS == 64 && FA_I_PITCH(FA_I_D) == FA_I_D,
-              "flashattn: the wgmma decode takes 64 rows (DSPLIT 1) of whole 64-column slabs");
+     32 * FA_I_DECODE_WARPS, FA_I_DECODE_WG_SMEM}
+static_assert(FA_I_PITCH(FA_I_D) == FA_I_D && FA_I_DECODE_WG_SMEM <= FA_I_SM90_SMEM_MAX,
+              "flashattn: the wgmma decode takes whole 64-column slabs, 64 rows and the ring");
 #else
 #define FA_I_DECODE_WG_ENTRY(dt, suffix) FA_I_NO_KERNEL
 #endif
@@ -5469,6 +5473,7 @@ static
 #undef FA_I_DECODE_ROW
 #undef FA_I_DECODE_MAX_ROWS
 #undef FA_I_DECODE_SMEM
+#undef FA_I_DECODE_WG_SMEM
 #undef FA_I_FA2_FWD_ROW
 #undef FA_I_FA2_FWD_SMEM
 #undef FA_I_FA2_BWD_ROW

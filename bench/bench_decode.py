@@ -251,7 +251,8 @@ def main():
     COPY = lambda: dst.copy_(src)  # noqa: E731
     configs = [(b, nk, nq, 128) for b in (1, 8, 32, 128) for nk in (1024, 4096, 32768, 131072)
                for nq in (1, 4, 16) if b * nk <= 4 << 20]
-    configs += [(b, nk, 1, 256) for b, nk in ((1, 131072), (8, 32768), (32, 8192))]
+    configs += [(b, nk, nq, 256) for b, nk in ((1, 131072), (8, 32768), (32, 8192))
+                for nq in (1, 16)]
     if args.quick:
         configs = [c for c in configs if c[2] == 1 and c[3] == 128]
     if args.rows:

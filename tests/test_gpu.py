@@ -235,10 +235,17 @@ for i, (nq, nk) in enumerate((nq, nk) for nq in (1, 2, 4, 8, 16) for nk in (1, 7
 for nq, group, extra in ((1, 8, {}), (16, 4, dict(causal=True))):
     case(f"gpu_decode_q{nq}_k131072_g{group}", gpu_forward, heads_q=2 * group, heads_kv=2,
          seqlen_q=nq, seqlen_k=131072, head_dim=128, dtype="bf16", **extra)
-# More than 32 packed rows at d = 64 and 128 run Hopper's wgmma kernel (64
-# rows a CTA): a partial block, a whole one, one and a partial.
+# More than 32 packed rows at d = 64, 128 and 256 run Hopper's wgmma kernel
+# (64 rows a CTA): a partial block, a whole one, one and a partial.
 for name, cfg in (("rows48_d128", dict(heads_q=32, heads_kv=2, seqlen_q=3, seqlen_k=777,
                                        head_dim=128, dtype="f16", window=(100, 0), num_splits=3)),
+                  ("rows48_d256", dict(heads_q=16, heads_kv=2, seqlen_q=6, seqlen_k=3001,
+                                       head_dim=256, dtype="f16", window=(200, 0), num_splits=2)),
+                  ("rows128_d256", dict(batch=2, heads_q=32, heads_kv=4, seqlen_q=16,
+                                        seqlen_k=4100, head_dim=256, dtype="bf16", causal=True,
+                                        softcap=4.0, amplitude=3.0)),
+                  ("rows80_between_d200", dict(heads_q=20, heads_kv=2, seqlen_q=8, seqlen_k=900,
+                                               head_dim=200, dtype="bf16", num_splits=3)),
                   ("rows64_d64", dict(heads_q=16, heads_kv=4, seqlen_q=16, seqlen_k=5000,
                                       head_dim=64, dtype="bf16", causal=True, softcap=4.0,
                                       amplitude=3.0)),

@@ -248,6 +248,14 @@ for name, cfg in (
         ("decode_poison_page_256_split_4_d256", dict(cache_lens=[255, 256, 257, 1500], seqlen_q=3,
                                                      page_size=256, max_pages=6, head_dim=256,
                                                      num_splits=4, poison=True)),
+        # more than 32 packed rows at d = 256: the wgmma kernel's page walk
+        ("decode_poison_page_16_d256_rows64", dict(cache_lens=[15, 16, 17, 900], seqlen_q=16,
+                                                   page_size=16, max_pages=60, heads_q=8,
+                                                   heads_kv=2, head_dim=256, causal=True,
+                                                   num_splits=3, poison=True)),
+        ("decode_poison_page_24_d256_rows48", dict(cache_lens=[23, 400], seqlen_q=6,
+                                                   page_size=24, max_pages=18, heads_q=16,
+                                                   heads_kv=2, head_dim=256, poison=True)),
         ("decode_poison_page_64_d160", dict(cache_lens=[65, 700], seqlen_q=5, page_size=64,
                                             max_pages=12, head_dim=160, num_splits=2,
                                             poison=True))):

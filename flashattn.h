@@ -1,4 +1,4 @@
-/* flashattn.h - v0.10.1 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.11.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -92,8 +92,8 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 10
-#define FA_VERSION_PATCH 1
+#define FA_VERSION_MINOR 11
+#define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -3182,6 +3182,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.11.0 GPU: the wgmma decode kernel at d = 256 (more than 32 packed
+          rows, dense or paged); the split rule's one CTA an SM also for
+          the dense wgmma kernel at d = 64
    0.10.1 GPU: the decode split rule fills one CTA an SM (fewer, longer
           splits), but for the page walk and the wgmma kernel at d <= 64;
           version macros in step with this line again

@@ -5219,10 +5219,11 @@ static_assert(FA_I_FA2_BWDQ_SMEM <= FA_I_SMEM_MAX, "flashattn: dQ tile exceeds s
    slots ((m, l, O) of 16 rows each) reuse the ring. */
 #define FA_I_DECODE_ROW FA_I_CAT(FA_DECODE_TILE_, FA_I_D)
 #define FA_I_DECODE_MAX_ROWS (16 * FA_I_DECODE_WARPS / FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW))
-#define FA_I_DECODE_SMEM                                                                     \
+#define FA_I_DECODE_SMEM_FOR(rows)                                                           \
     (2 * FA_I_PITCH(FA_I_D) *                                                                \
-     (FA_I_DECODE_MAX_ROWS + 2 * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *                 \
-                                 FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW)))
+     ((rows) + 2 * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *                               \
+                   FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW)))
+#define FA_I_DECODE_SMEM FA_I_DECODE_SMEM_FOR(FA_I_DECODE_MAX_ROWS)
 static_assert(FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW) % 64 == 0 &&
                   FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) >= 2 &&
                   (FA_I_COL(DECODE, DSPLIT, FA_I_DECODE_ROW) == 1 ||
@@ -5394,9 +5395,7 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
 #if FA_I_DECODE_WG /* the same ring, 64 rows of Q (no DSPLIT), 1 KB aligned */
-#define FA_I_DECODE_WG_SMEM                                                                  \
-    (2 * FA_I_D * (64 + 2 * FA_I_COL(DECODE, STAGES, FA_I_DECODE_ROW) *                      \
-                            FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW)) + 1024)
+#define FA_I_DECODE_WG_SMEM (FA_I_DECODE_SMEM_FOR(64) + 1024)
 #define FA_I_DECODE_WG_ENTRY(dt, suffix)                                                     \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), 64, FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), \
      32 * FA_I_DECODE_WARPS, FA_I_DECODE_WG_SMEM}
@@ -5472,6 +5471,7 @@ static
 #undef FA_I_DECODE_WG_ENTRY
 #undef FA_I_DECODE_ROW
 #undef FA_I_DECODE_MAX_ROWS
+#undef FA_I_DECODE_SMEM_FOR
 #undef FA_I_DECODE_SMEM
 #undef FA_I_DECODE_WG_SMEM
 #undef FA_I_FA2_FWD_ROW

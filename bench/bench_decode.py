@@ -13,8 +13,8 @@ in the test suite.
 Writes results_decode.md and .json (in --out, default bench/).
 The library also reads the same K/V from paged caches (--paged, page sizes
 16, 64 and 256 by default: shuffled pages, fa_params.block_table), timed in
-the same rotation: the paged / dense columns. Rows with Nq > 16 (--rows) are
-prefill chunks against the cache.
+the same rotation: the paged / dense columns. Rows with Nq > 16 (the last
+three by default) are prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense and paged decode in the same
 rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns); --rows "B,NK,NQ,D;..." runs
@@ -253,6 +253,7 @@ def main():
                for nq in (1, 4, 16) if b * nk <= 4 << 20]
     configs += [(b, nk, nq, 256) for b, nk in ((1, 131072), (8, 32768), (32, 8192))
                 for nq in (1, 16)]
+    configs += [(1, 8192, 512, 128), (1, 32768, 1024, 128), (1, 16384, 2048, 128)]  # prefill chunks
     if args.quick:
         configs = [c for c in configs if c[2] == 1 and c[3] == 128]
     if args.rows:

@@ -89,6 +89,7 @@ class Decode:
             p.block_table, p.max_pages, p.page_size = self.table.ctypes.data, per, page_size
             p.num_pages, p.cache_seqlens = b * per, self.lens.ctypes.data
         self.p = p
+        self.tensors = (q, k, v, o)  # p holds their addresses
         lib.fa_cuda_forward_workspace_size.restype = ctypes.c_size_t
         size = lib.fa_cuda_forward_workspace_size(ctypes.byref(p))
         self.workspace = torch.empty(max(size, 16), dtype=torch.uint8, device="cuda")

@@ -112,6 +112,7 @@ class Ours:
             setattr(p, name, t.data_ptr())
         p.lse = lse.data_ptr()
         self.p = p
+        self.tensors = (q, k, v, o, lse, dout, dq, dk, dv)  # p holds their addresses
         size = self.lib.fa_cuda_backward_workspace_size(ctypes.byref(p), 0)  # the larger one
         self.workspace = torch.empty(size, dtype=torch.uint8, device="cuda")
 

@@ -159,10 +159,12 @@ def run_row(b, nk, nq, d, reps):
         assert row[f"err_paged{ps}"] < 1e-2, row
         fns[f"paged{ps}"] = paged
     for name, lib in EXTRA:  # other builds' dense and paged decode, for same-process A/B
-        fns[name] = [Decode(q_, k_, v_, torch.empty_like(o_), lib) for q_, k_, v_, o_ in inputs]
-        for ps in PAGE_SIZES:
-            fns[f"{name}_paged{ps}"] = [Decode(q_, k_, v_, torch.empty_like(o_), lib, ps)
-                                        for q_, k_, v_, o_ in inputs]
+        for key, ps in [(name, 0)] + [(f"{name}_paged{ps}", ps) for ps in PAGE_SIZES]:
+            fns[key] = [Decode(q_, k_, v_, torch.empty_like(o_), lib, ps) for q_, k_, v_, o_ in inputs]
+            fns[key][0]()
+            torch.cuda.synchronize()
+            row[f"err_{key}"] = err(fns[key][0].tensors[3])
+            assert row[f"err_{key}"] < 1e-2, row
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         runs = []

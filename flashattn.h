@@ -1,4 +1,4 @@
-/* flashattn.h - v0.11.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.11.1 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -93,7 +93,7 @@
 
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 11
-#define FA_VERSION_PATCH 0
+#define FA_VERSION_PATCH 1
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -3182,6 +3182,8 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.11.1 GPU: the decode split rule keeps the CTAs an SM holds where row
+          blocks share each K/V tile (16 tokens at groups of 8 and 16)
    0.11.0 GPU: the wgmma decode kernel at d = 256 (more than 32 packed
           rows, dense or paged); the split rule's one CTA an SM also for
           the dense wgmma kernel at d = 64

@@ -1,6 +1,7 @@
 """Same-process A/B of the FP8 quantizer of several builds of tests/shim_cuda.cu
 (rev_variant.sh shims: any head dim's serves, the quantizer is shared): bf16 in,
-block descales; the builds' codes checked equal,
+block descales; the builds' descales checked equal and their codes nearly
+(a change in the order of roundings may move a code lying on a rounding edge),
 then timed beside a device copy of the same tensor in alternating rounds
 (bench_gpu.alternating_ms), each shape without and with the Hadamard rotation.
 Prints GB/s (bf16 read, e4m3 written) and the ratio to the copy's.
@@ -50,12 +51,14 @@ def main():
             calls[name] = quantize_call(lib, x, out, ds, hadamard)
             calls[name]()
             outs.append((out, ds))
-        assert all(torch.equal(outs[0][0], o) and torch.equal(outs[0][1], s) for o, s in outs), \
-            "the builds' codes differ"
+        assert all(torch.equal(outs[0][1], s) for _, s in outs), "the builds' descales differ"
+        differ = max(int((outs[0][0] != o).sum()) for o, _ in outs)
+        assert differ <= x.numel() * 1e-5, f"{differ} codes differ"
         t = alternating_ms(calls, 5, 20, 0.1)
         copy = 4 * x.numel() / statistics.median(t["copy"]) / 1e6
         moved = 3 * x.numel() + 4 * b * h * -(-n // fa.FP8_BLOCK)
-        row = {"shape": f"{b}x{n}x{h}x{d}", "hadamard": hadamard, "copy GB/s": round(copy)}
+        row = {"shape": f"{b}x{n}x{h}x{d}", "hadamard": hadamard, "copy GB/s": round(copy),
+               "codes that differ": differ}
         for name in libs:
             gbs = moved / statistics.median(t[name]) / 1e6
             row[name] = f"{gbs:.0f} GB/s ({gbs / copy:.2f}x copy)"

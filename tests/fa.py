@@ -195,7 +195,8 @@ def quantize(x, dtype):
 class Tensor:
     """A [B, N, H, d] tensor stored in one of the layouts 'bshd', 'bhsd', 'padded',
     'aligned' (rows padded to a multiple of 8 elements, then 8 more: 16-byte
-    rows for any d)."""
+    rows for any d), 'unaligned' (rows padded by one element: most rows
+    start off a 16-byte boundary)."""
 
     def __init__(self, shape, dtype, layout="bshd", values=None):
         b, n, h, d = shape
@@ -206,8 +207,8 @@ class Tensor:
         elif layout == "bhsd":
             self.storage = np.empty((b, h, n, d), STORAGE[dtype])
             self.view = self.storage.transpose(0, 2, 1, 3)
-        elif layout in ("padded", "aligned"):  # every row padded, poisoned
-            pad = 8 + (-d % 8 if layout == "aligned" else 0)
+        elif layout in ("padded", "aligned", "unaligned"):  # every row padded, poisoned
+            pad = 1 if layout == "unaligned" else 8 + (-d % 8 if layout == "aligned" else 0)
             self.storage = np.full((b, n, h, d + pad), POISON[dtype], STORAGE[dtype])
             self.view = self.storage[..., :d]
         else:

@@ -206,6 +206,8 @@ for shape, src_dtype, hadamard, layout in (((2, 300, 3, 128), "bf16", True, "bsh
                                            ((1, 1, 1, 256), "f32", True, "bshd"),
                                            ((2, 200, 2, 80), "bf16", False, "padded"),
                                            ((1, 257, 4, 16), "bf16", True, "bshd"),
+                                           ((1, 200, 3, 128), "bf16", True, "unaligned"),
+                                           ((2, 130, 2, 64), "f16", True, "unaligned"),
                                            ((2, 300, 2, 256), "bf16", True, "bshd"),
                                            ((1, 130, 3, 192), "f16", False, "bhsd"),
                                            ((2, 300, 3, 128), "bf16", False, "bshd"),

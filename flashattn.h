@@ -1,4 +1,4 @@
-/* flashattn.h - v0.11.1 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.12.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -42,7 +42,8 @@
      Backward with accumulate_grads adds into dq, dk, dv; grads_f32 makes
      them fp32 (context parallelism: fa_params' comments).
      Varlen: cu_seqlens_q/k (host arrays) give a ragged batch in packed tensors;
-     paged K/V (forward): block_table, cache_seqlens and an optional
+     paged K/V (forward): block_table, cache_seqlens (host memory, or on
+     the GPU's decode path device memory: tables_on_device) and an optional
      append of k_new/v_new (the fields' comments in fa_params).
      FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
      their descales (fa_fp8_scaling), o is written in o_dtype;
@@ -92,8 +93,8 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 11
-#define FA_VERSION_PATCH 1
+#define FA_VERSION_MINOR 12
+#define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -227,12 +228,21 @@ typedef struct fa_params {
        the rest: sequence b has cache_seqlens[b] + seqlen_new keys, at most
        seqlen_k. Host arrays (the GPU copies them into its workspace); every
        page entry those keys use must be in 0 .. num_pages - 1 (else
-       FA_ERR_INVALID_ARGUMENT, nothing written). */
+       FA_ERR_INVALID_ARGUMENT, nothing written).
+       tables_on_device (GPU, seqlen_q <= 16, else FA_ERR_UNSUPPORTED):
+       block_table and cache_seqlens in device memory, read by the kernels
+       alone, so the call neither copies nor waits on the host and may be
+       captured in a CUDA graph whose replays read the tables' contents at
+       the time. Nothing checks them on the host: the kernels never touch
+       memory outside the cache, a sequence whose length or page entries
+       are out of range gets O and LSE rows of NaN, and its appended rows
+       that fall on bad entries are not written. */
     const int32_t *block_table;
     int max_pages;        /* block_table entries per sequence */
     int page_size;        /* keys per page */
     int num_pages;
     const int32_t *cache_seqlens;
+    int tables_on_device;
     const void *k_new;
     const void *v_new;
     fa_layout k_new_layout, v_new_layout;
@@ -1031,8 +1041,9 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
              (s = fa_i_check_layout(&r.v_new_layout, "v_new_layout", r.batch, r.seqlen_new,
                                     r.heads_kv, r.head_dim_v)) != FA_OK))
             return s;
-    } else if (r.cache_seqlens || r.k_new || r.v_new) {
-        return fa_i_fail(FA_ERR_NULL_POINTER, "cache_seqlens, k_new and v_new need a block_table");
+    } else if (r.cache_seqlens || r.k_new || r.v_new || r.tables_on_device) {
+        return fa_i_fail(FA_ERR_NULL_POINTER,
+                         "cache_seqlens, k_new, v_new and tables_on_device need a block_table");
     }
     if (r.positions) {
         if (r.cu_seqlens_q || r.block_table)
@@ -2899,9 +2910,12 @@ static fa_status fa_i_forward_resolved(const fa_params *p, const fa_cpu_options 
 static fa_status fa_i_run_paged(const fa_params *p, const fa_cpu_options *o)
 {
     const int64_t qes = (int64_t)fa_dtype_size(p->dtype), oes = (int64_t)fa_dtype_size(p->o_dtype);
-    fa_status s = fa_i_paged_check(p);
+    fa_status s;
     int b, h, r;
-    if (s != FA_OK) return s;
+    if (p->tables_on_device)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: the CPU reads block_table and "
+                         "cache_seqlens in host memory");
+    if ((s = fa_i_paged_check(p)) != FA_OK) return s;
     fa_i_paged_append(p);
     for (b = 0; b < p->batch && s == FA_OK; ++b) {
         fa_params seq = *p;
@@ -3182,6 +3196,10 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.12.0 paged K/V: tables_on_device, block_table and cache_seqlens in
+          device memory on the GPU decode path (no host copy, graph
+          capturable), checked by the kernels (bad sequences: NaN rows);
+          every page lookup clamped to the cache
    0.11.1 GPU: the decode split rule keeps the CTAs an SM holds where row
           blocks share each K/V tile (16 tokens at groups of 8 and 16)
    0.11.0 GPU: the wgmma decode kernel at d = 256 (more than 32 packed

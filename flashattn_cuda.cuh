@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.11.1 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.12.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -33,7 +33,8 @@
                tensor maps per sequence, the longest first. Otherwise each
                sequence as a dense problem of batch 1, in turn on the
                stream, the LSE rows moved by 2-D copies (>> host, at the end).
-     paged     the block table copied into the workspace, k_new/v_new
+     paged     the block table copied into the workspace (tables_on_device:
+               read in place, checked by the kernels), k_new/v_new
                appended by a copy kernel; seqlen_q <= 16 on the decode
                kernel reading the pages in place, longer query chunks on
                the FA3 forward reading them in place where its key tile
@@ -1387,14 +1388,37 @@ static __device__ __forceinline__ int fa_i_slab_at(int x, int ld, int d, int row
    each row's page is looked up in `table` as the row is copied. The tiles
    are taken in order, so the walk carries its place (table entry `at`, row
    `at_row` of that page, key `at_key`) from one tile to the next and divides
-   by the page size once, in fa_i_tile_pages_seek. */
+   by the page size once, in fa_i_tile_pages_seek. An entry that is not a
+   page reads as page 0, so no table (tables_on_device: unchecked before)
+   makes a copy leave the cache. */
 #define FA_I_TILE_SLICES 8 /* tiles of up to 128 keys */
 typedef struct fa_i_tile_pages {
     const int32_t *table; /* the sequence's block table row */
-    int sliced;
+    int sliced, num_pages;
     int page[FA_I_TILE_SLICES], in_page[FA_I_TILE_SLICES];
     int at, at_row, at_key;
 } fa_i_tile_pages;
+
+/* Entry j of tp's table, or 0 where it is not a page. */
+static __device__ __forceinline__ int fa_i_page_or_0(const fa_i_tile_pages *tp, int j)
+{
+    const int page = tp->table[j];
+    return (unsigned)page < (unsigned)tp->num_pages ? page : 0;
+}
+
+/* Whether a decode CTA's sequence b (tables_on_device) has a length out of
+   range or a page entry out of range among those of keys [c0, c1), the
+   CTA's threads taking entries in turn: 1 in every thread where any is. */
+static __device__ __forceinline__ int fa_i_pages_bad(const fa_params *p, int b, const int32_t *pages,
+                                                     int c0, int c1, int tid, int nthreads)
+{
+    const int64_t keys = (int64_t)p->cache_seqlens[b] + p->seqlen_new;
+    int bad = p->cache_seqlens[b] < 0 || keys > p->seqlen_k ||
+              keys > (int64_t)p->max_pages * p->page_size, i;
+    for (i = c0 / p->page_size + tid; c0 < c1 && i <= (c1 - 1) / p->page_size; i += nthreads)
+        bad |= (unsigned)pages[i] >= (unsigned)p->num_pages;
+    return __syncthreads_or(bad);
+}
 
 /* tp's walk to key c0 (a multiple of 16). */
 static __device__ __forceinline__ void fa_i_tile_pages_seek(fa_i_tile_pages *tp, int page_size,
@@ -1414,7 +1438,8 @@ static __device__ __forceinline__ void fa_i_tile_pages_next(fa_i_tile_pages *tp,
     int s;
 #pragma unroll
     for (s = 0; s < tile_rows / 16; ++s) {
-        tp->page[s] = tp->at_key < keys ? tp->table[tp->at] : 0;
+        const int page = tp->at_key < keys ? tp->table[tp->at] : 0;
+        tp->page[s] = (unsigned)page < (unsigned)tp->num_pages ? page : 0;
         tp->in_page[s] = tp->at_row;
         tp->at_key += 16;
         tp->at_row += 16;
@@ -1475,7 +1500,7 @@ static __device__ __forceinline__ void fa_i_async_rows_as(const int mode, uint16
             }
             from = !valid     ? g /* a row past the end reads nothing */
                    : mode < 2 ? src
-                              : g + (int64_t)tp->table[c_row / page_size] * page_stride +
+                              : g + (int64_t)fa_i_page_or_0(tp, c_row / page_size) * page_stride +
                                     (int64_t)(c_row % page_size) * stride + chunk0 * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {
@@ -3364,11 +3389,18 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     float o[D / 8][4], m_run[2], l_run[2]; /* dw / 8 blocks used */
     uint32_t qa[D / 16][4]; /* this warp's row tile of Q as A fragments */
     int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
+    int bad;
 
     if (pages) {
-        p.seqlen_k = p.cache_seqlens[b] + p.seqlen_new;
+        const int64_t keys = (int64_t)p.cache_seqlens[b] + p.seqlen_new;
+        /* tables_on_device: a length out of range reads no key (fa_i_pages_bad at the end) */
+        p.seqlen_k = p.tables_on_device && (p.cache_seqlens[b] < 0 || keys > p.seqlen_k ||
+                                            keys > (int64_t)p.max_pages * p.page_size)
+                         ? 0
+                         : (int)keys;
         fa_i_bottom_right(&p);
         tp.sliced = p.page_size % 16 == 0;
+        tp.num_pages = p.num_pages;
     }
     tp.table = pages;
     fa_i_rows_key_span(&p, t_first, t_last + 1, &first_lo, &last_hi);
@@ -3455,6 +3487,12 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                                              all_lo, all_hi, log2_scale, col0);
     }
     FA_I_CP_ASYNC_WAIT(0);
+    /* tables_on_device: the entries this CTA read, checked now (the lookups
+       read a bad one as page 0; a check before the loop kept its flag in a
+       register through it, which spilled at d = 192) */
+    bad = pages && p.tables_on_device
+              ? fa_i_pages_bad(params, b, pages, n_begin * BN, min(n_end * BN, p.seqlen_k), tid, NT)
+              : 0;
 #pragma unroll
     for (e = 0; e < 2; ++e) { /* the row sums over the quad's columns */
         l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 1);
@@ -3503,7 +3541,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         }
     }
     /* The rows out: O / l on this warp's columns (16-bit into o, or fp32 into
-       this split's part), and the LSE from the first column part. */
+       this split's part), and the LSE from the first column part; a bad
+       sequence's as NaN (the combine keeps a NaN part's NaN). */
+    if (bad) l_run[0] = l_run[1] = NAN;
 #pragma unroll
     for (e = 0; e < 2; ++e) {
         const int r = my_row + 8 * e, t = r / group, h = hk * group + r % group;
@@ -3695,7 +3735,9 @@ static __global__ void fa_i_fill_rows(const fa_i_fill_args a)
    (grid z): the append (to_pages: rows [0, rows) of dense sequence b into
    its cache rows start[b] + ...) and the gather of a sequence's first `rows`
    cache rows into dense rows in the workspace (start NULL). table: the
-   workspace's copy of the block table, entries checked on the host. A CTA
+   workspace's copy of the block table, entries checked on the host, or
+   the caller's (tables_on_device): an append past `capacity` keys is not
+   written, nor a row whose entry is not a page. A CTA
    moves FA_I_PAGE_ROWS_CTA rows of one sequence (grid y), 16 bytes a
    thread at a time, so its index arithmetic is 32-bit and per row, not
    64-bit divisions per 16 bytes. */
@@ -3707,7 +3749,8 @@ typedef struct fa_i_page_rows_args {
     fa_layout dense_l[2];
     int chunks[2]; /* 16-byte chunks of a head's row */
     const int32_t *table, *start;
-    int max_pages, page_size;
+    int max_pages, page_size, num_pages;
+    int64_t capacity; /* keys a sequence may hold: min(seqlen_k, max_pages page_size) */
     int rows, heads, elem_bytes, to_pages;
 } fa_i_page_rows_args;
 
@@ -3716,11 +3759,13 @@ static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_row
     const int kv = blockIdx.z, b = blockIdx.y, chunks = a.chunks[kv], per_row = a.heads * chunks;
     const int r0 = blockIdx.x * FA_I_PAGE_ROWS_CTA, start = a.start ? a.start[b] : 0;
     int i;
+    if (start < 0 || start + (int64_t)a.rows > a.capacity) return;
     for (i = threadIdx.x; i < FA_I_PAGE_ROWS_CTA * per_row; i += blockDim.x) {
         const int r = r0 + i / per_row, hc = i % per_row, h = hc / chunks, c = hc % chunks;
         if (r >= a.rows) break;
         const int row = start + r;
         const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
+        if ((uint64_t)page >= (uint64_t)a.num_pages) continue;
         const int64_t at = fa_i_dev_offset(&a.cache_l[kv], 0, h, row % a.page_size) +
                            page * a.cache_l[kv].batch;
         uint4 *in_cache = (uint4 *)(a.cache[kv] + at * a.elem_bytes) + c;
@@ -6927,7 +6972,8 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
 
 /* A paged cache (block_table, cache_seqlens in host memory, as on the CPU):
    checked, then both arrays are copied into the workspace's start, where
-   the kernels read them; k_new, v_new go into their pages (fa_i_page_rows);
+   the kernels read them (tables_on_device: the kernels read the caller's
+   and check them, decode only); k_new, v_new go into their pages (fa_i_page_rows);
    then the decode kernel reads the pages in place (seqlen_q <=
    FA_I_DECODE_MAX_Q, its memory-bound case), or else each sequence's keys
    are gathered into the workspace and run as a dense problem of batch 1 on
@@ -6946,6 +6992,9 @@ static fa_status fa_i_page_copy(const fa_params *p, const int32_t *table, const 
     a.elem_bytes = (int)fa_dtype_size(p->dtype);
     a.chunks[0] = p->head_dim * a.elem_bytes / 16, a.chunks[1] = p->head_dim_v * a.elem_bytes / 16;
     a.table = table, a.start = start, a.max_pages = p->max_pages, a.page_size = p->page_size;
+    a.num_pages = p->num_pages;
+    a.capacity = (int64_t)p->max_pages * p->page_size;
+    if (a.capacity > p->seqlen_k) a.capacity = p->seqlen_k;
     a.rows = rows, a.heads = p->heads_kv, a.to_pages = start != NULL;
     if (batch <= 0 || rows <= 0) return FA_OK;
     return fa_i_launch((const void *)fa_i_page_rows,
@@ -7099,7 +7148,7 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     fa_params *p = &plan.p;
     fa_i_device dev;
     size_t table_bytes, avail;
-    int32_t *table_dev, *seqlens_dev;
+    const int32_t *table_dev, *seqlens_dev;
     char *rest;
     int64_t es;
     int taken = 0, b;
@@ -7111,15 +7160,22 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     if (s != FA_OK) return s;
     es = (int64_t)fa_dtype_size(p->dtype);
     if (FA_VARIANT != 2) return fa_i_fail(FA_ERR_UNSUPPORTED, "paged K/V needs FA_VARIANT 2");
-    if ((s = fa_i_paged_check(p)) != FA_OK) return s;
+    if (!p->tables_on_device && (s = fa_i_paged_check(p)) != FA_OK) return s;
     if (p->seqlen_new > 0 && (!fa_i_aligned(p->k_new, &p->k_new_layout, p->dtype) ||
                               !fa_i_aligned(p->v_new, &p->v_new_layout, p->dtype)))
         return fa_i_fail(FA_ERR_UNSUPPORTED, "k_new, v_new rows must be 16-byte aligned");
-    table_bytes = (sizeof(int32_t) * ((size_t)p->batch * p->max_pages + p->batch) + 15) / 16 * 16;
+    /* host tables: copied to the workspace's start */
+    table_bytes = p->tables_on_device
+                      ? 0
+                      : (sizeof(int32_t) * ((size_t)p->batch * p->max_pages + p->batch) + 15) / 16 * 16;
     avail = !call->run ? (size_t)-1
             : call->workspace_size > table_bytes ? call->workspace_size - table_bytes : 0;
     plan.workspace = 0;
     if ((s = fa_i_plan_decode(&plan, &dev, avail, &taken)) != FA_OK) return s;
+    if (!taken && p->tables_on_device) /* the other paths plan from the tables' contents */
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: seqlen_q %d; the decode kernel "
+                         "only (seqlen_q <= %d, built for this device)", p->seqlen_q,
+                         FA_I_DECODE_MAX_Q);
     if (!taken) { /* a dense K and V of the longest sequence, or the in-place schedule */
         plan.workspace = (size_t)es * p->seqlen_k * p->heads_kv * (p->head_dim + p->head_dim_v);
 #if FA_I_SM90
@@ -7135,18 +7191,24 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     call->need = table_bytes + plan.workspace;
     call->algorithm = plan.algorithm;
     if (!call->run) return FA_OK;
-    if (!call->workspace || call->workspace_size < call->need || (uintptr_t)call->workspace % 16)
+    if (call->need &&
+        (!call->workspace || call->workspace_size < call->need || (uintptr_t)call->workspace % 16))
         return fa_i_fail(FA_ERR_WORKSPACE, "this paged forward needs %zu bytes of workspace, "
                          "16-byte aligned", call->need);
     if ((s = fa_i_check_aliasing(p, FA_PASS_FORWARD, call->workspace, call->need)) != FA_OK) return s;
-    table_dev = (int32_t *)call->workspace;
-    seqlens_dev = table_dev + (size_t)p->batch * p->max_pages;
     rest = (char *)call->workspace + table_bytes;
-    if ((e = cudaMemcpyAsync(table_dev, p->block_table, sizeof(int32_t) * p->batch * p->max_pages,
-                             cudaMemcpyHostToDevice, call->stream)) != cudaSuccess ||
-        (e = cudaMemcpyAsync(seqlens_dev, p->cache_seqlens, sizeof(int32_t) * p->batch,
-                             cudaMemcpyHostToDevice, call->stream)) != cudaSuccess)
-        return fa_i_cuda_error(e, "cudaMemcpyAsync of the block table");
+    if (p->tables_on_device) {
+        table_dev = p->block_table, seqlens_dev = p->cache_seqlens;
+    } else {
+        int32_t *tables = (int32_t *)call->workspace;
+        table_dev = tables, seqlens_dev = tables + (size_t)p->batch * p->max_pages;
+        if ((e = cudaMemcpyAsync(tables, p->block_table, sizeof(int32_t) * p->batch * p->max_pages,
+                                 cudaMemcpyHostToDevice, call->stream)) != cudaSuccess ||
+            (e = cudaMemcpyAsync(tables + (size_t)p->batch * p->max_pages, p->cache_seqlens,
+                                 sizeof(int32_t) * p->batch, cudaMemcpyHostToDevice,
+                                 call->stream)) != cudaSuccess)
+            return fa_i_cuda_error(e, "cudaMemcpyAsync of the block table");
+    }
     if (p->seqlen_new > 0 &&
         (s = fa_i_page_copy(p, table_dev, seqlens_dev, p->k_new, &p->k_new_layout, p->v_new,
                             &p->v_new_layout, p->batch, p->seqlen_new, call->stream)) != FA_OK)

@@ -13,15 +13,18 @@ in the test suite.
 Writes results_decode.md and .json (in --out, default bench/).
 The library also reads the same K/V from paged caches (--paged, page sizes
 16, 64 and 256 by default: shuffled pages, fa_params.block_table), timed in
-the same rotation: the paged / dense columns. Rows with Nq > 16 (the last
-three by default) are prefill chunks against the cache.
+the same rotation: the paged / dense columns, the block table in host
+memory; --device-tables PAGE_SIZES (default 64) times those page sizes
+again with the tables in device memory (fa_params.tables_on_device, Nq <=
+16): the "dev" columns. Rows with Nq > 16 (the last three by default) are
+prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense and paged decode in the same
 rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns); --rows "B,NK,NQ,D;..." runs
 those rows alone; --heads HQ,HKV sets the query and kv heads (default 32,8).
 
-Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZES] [--extra NAME=SHIM]
-           [--rows B,NK,NQ,D;...] [--heads HQ,HKV] [--out DIR]"""
+Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZES] [--device-tables PAGE_SIZES]
+           [--extra NAME=SHIM] [--rows B,NK,NQ,D;...] [--heads HQ,HKV] [--out DIR]"""
 import argparse
 import ctypes
 import datetime
@@ -57,15 +60,17 @@ ROTATE_BYTES = 256 << 20
 COPY_BYTES = 2 << 30  # the copy timed beside every row: 2 GiB read, 2 GiB written
 COPY = None
 PAGE_SIZES = []  # --paged
+DEVICE_PAGE_SIZES = []  # --device-tables
 EXTRA = []  # (name, shim) of --extra builds
 
 
 class Decode:
     """flashattn's forward on torch tensors [B, N, H, d] with the workspace it
     asks for; with page_size, on a copy of K and V in a paged cache (pages of
-    every sequence in a shuffled order, a block table in host memory)."""
+    every sequence in a shuffled order, a block table in host memory, or
+    with device_tables in device memory)."""
 
-    def __init__(self, q, k, v, o, lib, page_size=0):
+    def __init__(self, q, k, v, o, lib, page_size=0, device_tables=False):
         self.lib = lib
         p = fa.Params()
         p.dtype = fa.DTYPES["bf16"]
@@ -88,6 +93,10 @@ class Decode:
             p.k, p.v = (c.data_ptr() for c in self.caches)
             p.block_table, p.max_pages, p.page_size = self.table.ctypes.data, per, page_size
             p.num_pages, p.cache_seqlens = b * per, self.lens.ctypes.data
+            if device_tables:
+                self.table, self.lens = (torch.from_numpy(x).cuda() for x in (self.table, self.lens))
+                p.block_table, p.cache_seqlens = self.table.data_ptr(), self.lens.data_ptr()
+                p.tables_on_device = 1
         self.p = p
         self.tensors = (q, k, v, o)  # p holds their addresses
         lib.fa_cuda_forward_workspace_size.restype = ctypes.c_size_t
@@ -144,11 +153,11 @@ def run_row(b, nk, nq, d, reps):
 
     fns = {}
 
-    def decode(key, lib, page_size=0):
+    def decode(key, lib, page_size=0, device_tables=False):
         """lib's decode over every input set (pages of page_size, 0: contiguous),
         each with an O of its own; the first checked before any timing."""
-        fns[key] = [Decode(q_, k_, v_, torch.full_like(q_, float("nan")), lib, page_size)
-                    for q_, k_, v_ in inputs]
+        fns[key] = [Decode(q_, k_, v_, torch.full_like(q_, float("nan")), lib, page_size,
+                           device_tables) for q_, k_, v_ in inputs]
         fns[key][0]()
         torch.cuda.synchronize()
         row[f"err_{key}"] = err(fns[key][0].tensors[3])
@@ -159,6 +168,8 @@ def run_row(b, nk, nq, d, reps):
     row["splits"] = splits_of(fns["ours"][0], d)
     for ps in PAGE_SIZES:
         decode(f"paged{ps}", fa.GPU, ps)
+    for ps in DEVICE_PAGE_SIZES if nq <= 16 else ():
+        decode(f"dev{ps}", fa.GPU, ps, device_tables=True)
     for name, lib in EXTRA:  # other builds' dense and paged decode, for same-process A/B
         decode(name, lib)
         for ps in PAGE_SIZES:
@@ -210,9 +221,10 @@ def table(rows):
     lines = ["| B | Nk | Nq | d | K+V MB | splits | ours GB/s | % of copy | % of 4.8 TB/s | "
              "flash | cuDNN | FA4 | ours/cuDNN | ours/FA4 |"
              + "".join(f" paged {ps} / dense |" for ps in PAGE_SIZES)
+             + "".join(f" paged {ps} dev / dense |" for ps in DEVICE_PAGE_SIZES)
              + "".join(f" {name} / ours |" + "".join(f" {name} paged {ps} / dense |"
                                                      for ps in PAGE_SIZES) for name, _ in EXTRA),
-             "|" + "---|" * (14 + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
+             "|" + "---|" * (14 + len(DEVICE_PAGE_SIZES) + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
     for r in rows:
         pct = 100 * r["ours_gbs"] / r["copy_gbs"]
         lines.append(
@@ -222,6 +234,8 @@ def table(rows):
             + (f"{r['ours_gbs'] / r['cudnn_gbs']:.2f}" if "cudnn_gbs" in r else "-") + " | "
             + (f"{r['ours_gbs'] / r['fa4_gbs']:.2f}" if "fa4_gbs" in r else "-") + " |"
             + "".join(f" {r[f'paged{ps}_gbs'] / r['ours_gbs']:.3f} |" for ps in PAGE_SIZES)
+            + "".join(f" {r[f'dev{ps}_gbs'] / r['ours_gbs']:.3f} |" if f"dev{ps}_gbs" in r else " - |"
+                      for ps in DEVICE_PAGE_SIZES)
             + "".join(f" {r[name + '_gbs'] / r['ours_gbs']:.3f} |"
                       + "".join(f" {r[f'{name}_paged{ps}_gbs'] / r['ours_gbs']:.3f} |"
                                 for ps in PAGE_SIZES) for name, _ in EXTRA))
@@ -234,6 +248,8 @@ def main():
     ap.add_argument("--out", default=HERE)
     ap.add_argument("--paged", default="16,64,256", metavar="PAGE_SIZES",
                     help="also time the same K/V in paged caches of these page sizes ('': not)")
+    ap.add_argument("--device-tables", default="64", metavar="PAGE_SIZES",
+                    help="also time these page sizes with the tables in device memory ('': not)")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=SHIM",
                     help="also time another build's dense decode (a tests/shim_cuda.cu .so)")
     ap.add_argument("--rows", default="", metavar="B,NK,NQ,D;...", help="only these rows")
@@ -242,6 +258,7 @@ def main():
     global HQ, HKV
     HQ, HKV = (int(x) for x in args.heads.split(","))
     PAGE_SIZES.extend(int(x) for x in args.paged.split(",") if x)
+    DEVICE_PAGE_SIZES.extend(int(x) for x in args.device_tables.split(",") if x)
     EXTRA.extend((e.split("=")[0], fa.load_gpu(os.path.abspath(e.split("=")[1]))) for e in args.extra)
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_decode: needs a GPU, the CUDA shim (make) and PyTorch; skipped")

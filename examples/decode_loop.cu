@@ -10,7 +10,10 @@
    chunk's K and V to the sequence's pages and attends its queries causally
    to everything cached. Then `steps` decode steps run the whole batch: one
    call per step appends each sequence's new token and attends it to the
-   sequence's cache. The last step's output is checked against a dense
+   sequence's cache, the block table and lengths in device memory
+   (tables_on_device: the pages for every step handed out first, the
+   lengths advanced by a one-thread-a-sequence kernel after each call, so a
+   step never waits on the host). The last step's output is checked against a dense
    recomputation (each sequence's keys gathered into one contiguous tensor).
    The inputs stand in for a model's projections: uniform values from a hash
    of each element's index. */
@@ -53,6 +56,12 @@ static __global__ void fill(uint16_t *x, int64_t n, uint64_t id)
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     x[i] = (uint16_t)(__float_as_uint((float)(z >> 56) / 128.0f - 1.0f) >> 16);
+}
+
+/* Each sequence's cached length one token longer (after a decode step's append). */
+static __global__ void advance(int32_t *lens, int batch)
+{
+    if ((int)threadIdx.x < batch) ++lens[threadIdx.x];
 }
 
 static uint16_t *new_tensor(int64_t n, uint64_t id)
@@ -110,6 +119,7 @@ int main(int argc, char **argv)
     size_t ws_size = 0;
     void *ws = NULL;
     uint16_t *k_cache, *v_cache, *pq, *pk, *pv, *dq, *dk, *dv, *o, *o_dense, *dense_k, *dense_v;
+    int32_t *table_dev, *lens_dev;
     cudaEvent_t t0, t1, t2;
     float prefill_ms, decode_ms;
     double worst = 0.0;
@@ -180,21 +190,27 @@ int main(int argc, char **argv)
             c.lens[b] += n; /* the call has read the table and lengths (copied to ws) */
         }
 
-    /* Decode: every sequence's next token, one call a step */
+    /* Decode: every sequence's next token, one call a step, the tables in
+       device memory (their pages for all the steps handed out first) */
+    for (b = 0; b < B; ++b) {
+        if (grow(&c, b, steps)) return fprintf(stderr, "out of pages\n"), 1;
+        read_bytes += (int64_t)steps * (2 * c.lens[b] + steps + 1) / 2 * HKV * D * 2 * sizeof(uint16_t);
+    }
+    CHECK_CUDA(cudaMalloc(&table_dev, sizeof(int32_t) * B * c.max_pages));
+    CHECK_CUDA(cudaMalloc(&lens_dev, sizeof(int32_t) * B));
+    CHECK_CUDA(cudaMemcpy(table_dev, c.table, sizeof(int32_t) * B * c.max_pages, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(lens_dev, c.lens, sizeof(int32_t) * B, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaEventRecord(t1, 0));
     p.batch = B, p.seqlen_q = 1, p.seqlen_new = 1;
-    p.block_table = c.table, p.cache_seqlens = c.lens;
+    p.block_table = table_dev, p.cache_seqlens = lens_dev, p.tables_on_device = 1;
     for (s = 0; s < steps; ++s) {
-        for (b = 0; b < B; ++b) {
-            if (grow(&c, b, 1)) return fprintf(stderr, "out of pages\n"), 1;
-            read_bytes += (int64_t)(c.lens[b] + 1) * HKV * D * 2 * sizeof(uint16_t);
-        }
         p.q = dq + (int64_t)s * B * HQ * D, p.o = o;
         p.k_new = dk + (int64_t)s * B * HKV * D, p.v_new = dv + (int64_t)s * B * HKV * D;
         if (fit_workspace(&p, &ws, &ws_size)) return 1;
         CHECK_FA(fa_cuda_forward(&p, ws, ws_size, 0));
-        for (b = 0; b < B; ++b) ++c.lens[b];
+        advance<<<1, B>>>(lens_dev, B);
     }
+    CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaEventRecord(t2, 0));
     CHECK_CUDA(cudaEventSynchronize(t2));
     CHECK_CUDA(cudaEventElapsedTime(&prefill_ms, t0, t1));

@@ -55,7 +55,7 @@ class Params(ctypes.Structure):
         ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
         ("block_table", ctypes.c_void_p), ("max_pages", ctypes.c_int), ("page_size", ctypes.c_int),
         ("num_pages", ctypes.c_int), ("cache_seqlens", ctypes.c_void_p),
-        ("k_new", ctypes.c_void_p), ("v_new", ctypes.c_void_p), ("k_new_layout", Layout),
+        ("tables_on_device", ctypes.c_int), ("k_new", ctypes.c_void_p), ("v_new", ctypes.c_void_p), ("k_new_layout", Layout),
         ("v_new_layout", Layout), ("seqlen_new", ctypes.c_int),
         ("positions", ctypes.c_int), ("q_position", ctypes.c_int),
         ("k_position", ctypes.c_int), ("accumulate_grads", ctypes.c_int),
@@ -401,6 +401,8 @@ def load_gpu(name):
         if hasattr(lib, "fa_test_gpu_forward_workspace"):  # builds before 0.2 lack it (A/B)
             lib.fa_test_gpu_forward_workspace_size.restype = ctypes.c_size_t
             lib.fa_test_gpu_forward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        if hasattr(lib, "fa_test_gpu_paged_graph"):  # builds before 0.12 lack it (A/B)
+            lib.fa_test_gpu_paged_graph.argtypes = [ctypes.c_void_p] * 4
     return lib
 
 

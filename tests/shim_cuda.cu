@@ -37,12 +37,12 @@ static int up(mirror *m, void *host, size_t bytes)
 static void down(mirror *m)
 {
     if (m->dev) {
-        cudaMemcpy(m->host, m->dev, m->bytes, cudaMemcpyDeviceToHost);
+        if (m->host) cudaMemcpy(m->host, m->dev, m->bytes, cudaMemcpyDeviceToHost);
         cudaFree(m->dev);
     }
 }
 
-enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, QD, KD, VD, KN, VN, TENSORS };
+enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, QD, KD, VD, KN, VN, TABLE, LENS, TENSORS };
 
 /* Floats of an FP8 descale array of fp8_scaling's shape. */
 static size_t descales(const fa_params *p, int heads, int seq)
@@ -63,7 +63,8 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
     const int batch = varlen ? 1 : p->batch;
     const int rows_q = !varlen ? p->seqlen_q : p->cu_seqlens_q[p->batch] > 0 ? p->cu_seqlens_q[p->batch] : 1;
     const int rows_k = !varlen ? p->seqlen_k : p->cu_seqlens_k[p->batch] > 0 ? p->cu_seqlens_k[p->batch] : 1;
-    /* paged: K and V are caches of pages (block_table, cache_seqlens stay in host memory) */
+    /* paged: K and V are caches of pages (block_table, cache_seqlens stay in
+       host memory, but for tables_on_device) */
     const int paged = p->block_table != NULL, batch_kv = paged ? p->num_pages : batch;
     const int rows_kv = paged ? p->page_size : rows_k;
     int bad = 0;
@@ -86,6 +87,12 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
         FA_TEST_UP(VN, v_new, batch, p->seqlen_new, heads_kv, head_dim_v, es)
     }
 #undef FA_TEST_UP
+    if (paged && p->tables_on_device) {
+        bad |= up(&m[TABLE], (void *)p->block_table, sizeof(int32_t) * p->batch * p->max_pages);
+        bad |= up(&m[LENS], (void *)p->cache_seqlens, sizeof(int32_t) * p->batch);
+        d->block_table = (const int32_t *)m[TABLE].dev;
+        d->cache_seqlens = (const int32_t *)m[LENS].dev;
+    }
     if (fp8) {
         bad |= up(&m[QD], (void *)p->q_descale, sizeof(float) * descales(p, p->heads_q, p->seqlen_q));
         bad |= up(&m[KD], (void *)p->k_descale, sizeof(float) * descales(p, p->heads_kv, p->seqlen_k));
@@ -320,6 +327,53 @@ fa_status fa_test_gpu_graph(const fa_params *hp, int deterministic)
     if (graph) cudaGraphDestroy(graph);
     if (stream) cudaStreamDestroy(stream);
     cudaGetLastError();
+    return finish(s, m, ws);
+}
+
+/* A paged forward with tables_on_device captured into a CUDA graph and
+   launched twice: first over hp's cache_seqlens, its O and LSE copied into
+   first_o and first_lse (hp's o and lse shapes), then, with lens2 written
+   into the same device array between the launches, over those lengths,
+   its results in hp's o and lse as the other wrappers return them. */
+fa_status fa_test_gpu_paged_graph(const fa_params *hp, const int32_t *lens2, void *first_o,
+                                  float *first_lse)
+{
+    mirror m[TENSORS];
+    fa_params p, d;
+    void *ws = NULL;
+    size_t bytes;
+    cudaStream_t stream = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    fa_status s = fa_params_resolve(hp, FA_PASS_FORWARD, &p);
+    if (s == FA_OK && !p.tables_on_device) s = FA_ERR_INVALID_ARGUMENT;
+    if (s != FA_OK) return s;
+    if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
+    bytes = fa_cuda_forward_workspace_size(&d);
+    if ((bytes && cudaMalloc(&ws, bytes) != cudaSuccess) ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+        s = FA_ERR_CUDA;
+    if (s == FA_OK) {
+        s = fa_cuda_forward(&d, ws, bytes, stream);
+        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
+    }
+    if (s == FA_OK && (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess ||
+                       cudaGraphLaunch(exec, stream) != cudaSuccess ||
+                       cudaStreamSynchronize(stream) != cudaSuccess ||
+                       cudaMemcpy(first_o, m[O].dev, m[O].bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
+                       (m[LSE].dev && cudaMemcpy(first_lse, m[LSE].dev, m[LSE].bytes,
+                                                 cudaMemcpyDeviceToHost) != cudaSuccess) ||
+                       cudaMemcpy(m[LENS].dev, lens2, sizeof(int32_t) * hp->batch,
+                                  cudaMemcpyHostToDevice) != cudaSuccess ||
+                       cudaGraphLaunch(exec, stream) != cudaSuccess))
+        s = FA_ERR_CUDA;
+    if (stream && cudaStreamSynchronize(stream) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
+    cudaGetLastError();
+    m[LENS].host = NULL; /* hp's lengths stay as they were */
     return finish(s, m, ws);
 }
 

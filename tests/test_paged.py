@@ -55,9 +55,10 @@ class PagedProblem:
         v = np.concatenate([self.v_cache[rows[0], rows[1]], self.v_new[b, :self.new]])
         return k[None], v[None]
 
-    def run(self, backend="fa2", mutate=None, backward=False, workspace=None):
+    def run(self, backend="fa2", mutate=None, backward=False, workspace=None, call=None):
         """Status, tensors and LSE of one call; workspace: the GPU forward with
-        that many bytes (None: the size the library asks for)."""
+        that many bytes (None: the size the library asks for); call: a
+        function of the params that makes the call instead."""
         t = {"q": fa.Tensor(self.q.shape, self.dtype, self.layout, self.q),
              "k": fa.Tensor(self.k_cache.shape, self.dtype, self.layout, self.k_cache),
              "v": fa.Tensor(self.v_cache.shape, self.dtype, self.layout, self.v_cache),
@@ -80,17 +81,22 @@ class PagedProblem:
         p.block_table, p.max_pages, p.page_size = self.table.ctypes.data, self.mp, self.ps
         p.num_pages, p.cache_seqlens, p.seqlen_new = self.num_pages, self.lens.ctypes.data, self.new
         keep = mutate(p) if mutate else None
-        if workspace is not None:
+        if call is not None:
+            status = call(p)
+        elif workspace is not None:
             status = fa.GPU.fa_test_gpu_forward_workspace(ctypes.byref(p), workspace)
         else:
             status = (fa.call_backward if backward else fa.call_forward)(backend, p)
-        if backend == "gpu" and not backward:
+        if backend == "gpu" and not backward and call is None:
             self.workspace_size = fa.GPU.fa_test_gpu_forward_workspace_size(ctypes.byref(p))
         del keep
         return status, t, lse.astype(np.float64)
 
 
-def paged_case(backend="fa2", num_splits=0, **cfg):
+def paged_case(backend="fa2", num_splits=0, device_tables=False, **cfg):
+    """device_tables: the GPU with tables_on_device, and its bits equal to
+    those of host tables (the same plan and kernels; only where the kernels
+    read the tables differs)."""
     if backend == "gpu":
         need_gpu()
     prob = PagedProblem(rng_for("paged" + backend + str(cfg)), **cfg)
@@ -108,8 +114,15 @@ def paged_case(backend="fa2", num_splits=0, **cfg):
         ref_o[b], ref_lse[b] = o[0], lse[0]
         low_o[b] = reference.forward(prob.q[b:b + 1], k, v, precision=np.float32, round_p=round_p,
                                      **args)[0][0]
-    status, t, lse = prob.run(backend, _set(num_splits=num_splits) if num_splits else None)
+    status, t, lse = prob.run(backend, _set(num_splits=num_splits, tables_on_device=int(device_tables)))
     assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.last_detail(backend)}"
+    if device_tables:
+        host = prob.run(backend, _set(num_splits=num_splits))
+        assert host[0] == fa.FA_OK, fa.status_name(host[0])
+        for name, a, b in (("o", t["o"].values(), host[1]["o"].values()), ("lse", lse, host[2]),
+                           ("k", t["k"].values(), host[1]["k"].values()),
+                           ("v", t["v"].values(), host[1]["v"].values())):
+            assert np.array_equal(a, b, equal_nan=True), f"{name}: device tables differ from host ones"
     err = check("paged o", t["o"].values(), ref_o, low_o, prob.dtype)
     check_lse(lse, ref_lse)
     # the cache after the append: k_new, v_new rows in their pages, nothing else changed
@@ -144,7 +157,7 @@ case("paged_empty_sequence_f16", paged_case, cache_lens=[0, 40], seqlen_q=2, dty
 # place (Hopper, powers of two from 64 that divide or are divided by its key
 # tile) or gathered per sequence onto the dense kernels; page sizes from 1
 # to past the key tiles, empty sequences, appends.
-for name, cfg in (
+GPU_CASES = (
         ("decode_append_d128", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                     max_pages=64, heads_q=8, heads_kv=2, head_dim=128)),
         ("decode_split_7", dict(cache_lens=[300, 1000], seqlen_new=1, page_size=64, max_pages=16,
@@ -258,8 +271,19 @@ for name, cfg in (
                                                    heads_kv=2, head_dim=256, poison=True)),
         ("decode_poison_page_64_d160", dict(cache_lens=[65, 700], seqlen_q=5, page_size=64,
                                             max_pages=12, head_dim=160, num_splits=2,
-                                            poison=True))):
+                                            poison=True)))
+for name, cfg in GPU_CASES:
     case(f"gpu_paged_{name}", paged_case, backend="gpu", **dict(dict(dtype="bf16"), **cfg))
+# tables_on_device: the decode path's walks (pages sliced by 16 and a page a
+# row's lookup, splits, the wgmma kernel, d = 256), appends, empty sequences
+for name, cfg in GPU_CASES:
+    if name in ("decode_append_d128", "decode_split_7", "decode_split_1_page_1",
+                "speculative_16_window_softcap_f16", "decode_wgmma_page_16_d128_gqa8",
+                "decode_wgmma_page_7_d64_split_5", "decode_page_256_d256_padded",
+                "decode_empty_sequences", "decode_poison_page_24_split_2_d64",
+                "decode_poison_page_16_d256_rows64"):
+        case(f"gpu_paged_device_tables_{name}", paged_case, backend="gpu", device_tables=True,
+             **dict(dict(dtype="bf16"), **cfg))
 
 
 def _paged_bad(mutate, expected, backends=("fa2", "gpu")):
@@ -283,7 +307,7 @@ def _paged_bad(mutate, expected, backends=("fa2", "gpu")):
 def _table(b, j, value):
     def mutate(p):
         table = np.ctypeslib.as_array(ctypes.cast(p.block_table, ctypes.POINTER(ctypes.c_int32)),
-                                      (2, 4)).copy()
+                                      (p.batch, p.max_pages)).copy()
         table[b, j] = value
         p.block_table = table.ctypes.data
         return table
@@ -343,3 +367,112 @@ def paged_backward_is_refused():
     status, t, lse = prob.run(mutate=as_backward, backward=True)
     assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
     return fa.CPU.fa_last_error_detail().decode()
+
+
+@test
+def gpu_paged_device_tables_graph():
+    """tables_on_device: a decode captured once into a CUDA graph reads the
+    tables as they are at each launch: the second launch, after new cache
+    lengths were written into the same device array, equals a direct call
+    over those lengths, bit for bit, as the first equals one over the old."""
+    need_gpu()
+    prob = PagedProblem(rng_for("paged_graph"), cache_lens=[37, 1000, 1, 64], page_size=16,
+                        max_pages=64, heads_q=8, heads_kv=2, head_dim=128, dtype="bf16",
+                        seqlen_q=4, causal=True)
+    lens2 = np.array([20, 999, 0, 64], np.int32)  # within each sequence's filled entries
+    o1 = fa.Tensor(prob.q.shape[:3] + (prob.dv,), prob.dtype, prob.layout)
+    lse1 = np.full((prob.b, prob.hq, prob.nq), np.nan, np.float32)
+
+    def graph(p):
+        p.tables_on_device = 1
+        return fa.GPU.fa_test_gpu_paged_graph(ctypes.byref(p), lens2.ctypes.data, o1.ptr,
+                                              lse1.ctypes.data)
+
+    status, t2, lse2 = prob.run("gpu", call=graph)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.last_detail('gpu')}"
+    first = prob.run("gpu")
+    prob.lens = lens2
+    second = prob.run("gpu")
+    for name, got, want in (("o, first launch", o1.values(), first[1]["o"].values()),
+                            ("lse, first launch", lse1.astype(np.float64), first[2]),
+                            ("o, second launch", t2["o"].values(), second[1]["o"].values()),
+                            ("lse, second launch", lse2, second[2])):
+        assert np.array_equal(got, want, equal_nan=True), f"{name} differs from the direct call"
+    assert not np.array_equal(first[2], second[2], equal_nan=True), "the lengths changed nothing"
+
+
+def _device_tables_bad(mutate, bad_seq):
+    """tables_on_device with a bad entry or length in sequence bad_seq: no
+    fault, that sequence's O and LSE all NaN, the others' bits those of the
+    valid tables, and the cache written only where the valid tables' append
+    wrote (never past the cache)."""
+    need_gpu()
+    prob = PagedProblem(rng_for("paged_dev_bad"), cache_lens=[10, 20, 30], seqlen_new=2,
+                        page_size=8, max_pages=5, heads_q=8, heads_kv=2, head_dim=128,
+                        dtype="bf16", seqlen_q=2, causal=True)
+    good = prob.run("gpu")
+    assert good[0] == fa.FA_OK, fa.status_name(good[0])
+
+    def bad(p):
+        keep = mutate(p)
+        p.tables_on_device = 1
+        return keep
+
+    status, t, lse = prob.run("gpu", bad)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.last_detail('gpu')}"
+    o, good_o = t["o"].values(), good[1]["o"].values()
+    others = [b for b in range(prob.b) if b != bad_seq]
+    assert np.isnan(o[bad_seq]).all() and np.isnan(lse[bad_seq]).all(), "the bad sequence's rows"
+    assert np.array_equal(o[others], good_o[others]) and \
+        np.array_equal(lse[others], good[2][others]), "the other sequences' rows"
+    for name in ("k", "v"):
+        before = getattr(prob, name + "_cache")
+        after, want = t[name].values(), good[1][name].values()
+        changed = ~np.all(after == before, axis=-1)
+        assert np.array_equal(after[changed], want[changed]), f"{name}: rows the append does not write"
+    return f"sequence {bad_seq}: NaN"
+
+
+def _lens(b, value):
+    def mutate(p):
+        lens = np.ctypeslib.as_array(ctypes.cast(p.cache_seqlens, ctypes.POINTER(ctypes.c_int32)),
+                                     (p.batch,)).copy()
+        lens[b] = value
+        p.cache_seqlens = lens.ctypes.data
+        return lens
+    return mutate
+
+
+for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
+                              ("negative_page", _table(2, 0, -7), 2),
+                              ("page_of_the_append_past_the_cache", _table(0, 1, 99), 0),
+                              ("length_past_the_table", _lens(1, 39), 1),
+                              ("negative_length", _lens(0, -3), 0)):
+    case(f"gpu_paged_device_tables_bad_{name}", _device_tables_bad, mutate, bad_seq)
+
+
+@test
+def paged_device_tables_refused():
+    """tables_on_device outside the decode kernel: a prefill chunk
+    (seqlen_q > 16) on the GPU and every call on the CPU answer
+    FA_ERR_UNSUPPORTED, the flag without a block_table FA_ERR_NULL_POINTER,
+    with nothing written."""
+    prob = PagedProblem(rng_for("paged_dev_refused"), cache_lens=[10, 20], seqlen_new=2,
+                        seqlen_q=17, page_size=8, max_pages=4, dtype="bf16")
+    decode = PagedProblem(rng_for("paged_dev_refused"), cache_lens=[10, 20], page_size=8,
+                          max_pages=4, dtype="bf16")
+    gpu = fa.GPU is not None and fa.GPU.fa_test_gpu_count() > 0
+    for pr, backend, mutate, expected in (
+            (prob, "gpu", _set(tables_on_device=1), "FA_ERR_UNSUPPORTED"),
+            (decode, "fa2", _set(tables_on_device=1), "FA_ERR_UNSUPPORTED"),
+            (decode, "fa2", _set(tables_on_device=1, block_table=None, cache_seqlens=None,
+                                 k_new=None, v_new=None), "FA_ERR_NULL_POINTER"),
+            (decode, "gpu", _set(tables_on_device=1, block_table=None, cache_seqlens=None,
+                                 k_new=None, v_new=None), "FA_ERR_NULL_POINTER")):
+        if backend == "gpu" and not gpu:
+            continue
+        status, t, lse = pr.run(backend, mutate)
+        assert status == fa.STATUS[expected], f"{backend}: {fa.status_name(status)}, expected {expected}"
+        assert np.isnan(t["o"].values()).all() and np.isnan(lse).all(), f"{backend} wrote o or lse"
+        assert np.array_equal(t["k"].values(), pr.k_cache), f"{backend} wrote the cache"
+    return "GPU included" if gpu else "CPU only (no GPU here)"

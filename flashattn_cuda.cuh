@@ -1399,10 +1399,11 @@ typedef struct fa_i_tile_pages {
     int at, at_row, at_key;
 } fa_i_tile_pages;
 
-/* Entry j of tp's table, or 0 where it is not a page. */
-static __device__ __forceinline__ int fa_i_page_or_0(const fa_i_tile_pages *tp, int j)
+/* A table entry of tp as a page: 0 where it is not one. Applied where the
+   copy makes its address, not as the entry is loaded a tile ahead: a use
+   there would wait for the load. */
+static __device__ __forceinline__ int fa_i_page_or_0(const fa_i_tile_pages *tp, int page)
 {
-    const int page = tp->table[j];
     return (unsigned)page < (unsigned)tp->num_pages ? page : 0;
 }
 
@@ -1438,8 +1439,7 @@ static __device__ __forceinline__ void fa_i_tile_pages_next(fa_i_tile_pages *tp,
     int s;
 #pragma unroll
     for (s = 0; s < tile_rows / 16; ++s) {
-        const int page = tp->at_key < keys ? tp->table[tp->at] : 0;
-        tp->page[s] = (unsigned)page < (unsigned)tp->num_pages ? page : 0;
+        tp->page[s] = tp->at_key < keys ? tp->table[tp->at] : 0;
         tp->in_page[s] = tp->at_row;
         tp->at_key += 16;
         tp->at_row += 16;
@@ -1494,13 +1494,14 @@ static __device__ __forceinline__ void fa_i_async_rows_as(const int mode, uint16
             const uint16_t *from;
             if (mode == 1 && pass * step % 16 == 0) { /* a slice's first pass */
                 const int s = pass * step / 16, next = step > 16 && (r & 16); /* r's slice: s + next */
-                src = g + (int64_t)(next ? tp->page[s + 1] : tp->page[s]) * page_stride +
+                src = g +
+                      (int64_t)fa_i_page_or_0(tp, next ? tp->page[s + 1] : tp->page[s]) * page_stride +
                       (int64_t)((next ? tp->in_page[s + 1] : tp->in_page[s]) + (r & 15)) * stride +
                       chunk0 * 8;
             }
             from = !valid     ? g /* a row past the end reads nothing */
                    : mode < 2 ? src
-                              : g + (int64_t)fa_i_page_or_0(tp, c_row / page_size) * page_stride +
+                              : g + (int64_t)fa_i_page_or_0(tp, tp->table[c_row / page_size]) * page_stride +
                                     (int64_t)(c_row % page_size) * stride + chunk0 * 8;
 #pragma unroll
             for (c = 0; c < chunks / tpr; ++c) {

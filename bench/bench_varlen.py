@@ -9,7 +9,11 @@ return while the stream still runs the one before it (a call that waited
 for the GPU would show the GPU's time there). Prints the table and writes
 bench/results_varlen.md (or OUT/results_varlen.md with --out OUT).
 
-Usage: python3 bench/bench_varlen.py [--out DIR]
+--profile: no timing; the non-causal varlen and dense calls made (a
+forward each), then one backward of each, for a profiler, e.g.
+  ncu -k regex:bwd --section SpeedOfLight python3 bench/bench_varlen.py --profile
+
+Usage: python3 bench/bench_varlen.py [--out DIR] [--profile]
 """
 import ctypes
 import datetime
@@ -95,6 +99,12 @@ def main():
     lengths = [int(x) for x in rng.integers(128, 8193, 32)]
     dense_n = int(round(sum(x * x for x in lengths) / sum(lengths)))
     dense_b = max(1, int(round(sum(lengths) / dense_n)))
+    if "--profile" in sys.argv:
+        backwards = make_call(lengths, False, True)[1], make_call([dense_n] * dense_b, False, False)[1]
+        for backward in backwards:
+            backward()
+        torch.cuda.synchronize()
+        return
     rows = []
     for causal in (False, True):
         flops = 4.0 * HEADS * DIM * sum(x * x for x in lengths) / (2 if causal else 1)

@@ -1407,15 +1407,21 @@ static __device__ __forceinline__ int fa_i_page_or_0(const fa_i_tile_pages *tp, 
     return (unsigned)page < (unsigned)tp->num_pages ? page : 0;
 }
 
+/* Whether sequence b's length in a paged p (tables_on_device) is out of
+   range: a negative cache length, or keys past seqlen_k or the table. */
+static __device__ __forceinline__ int fa_i_paged_length_bad(const fa_params *p, int b)
+{
+    const int64_t keys = (int64_t)p->cache_seqlens[b] + p->seqlen_new;
+    return p->cache_seqlens[b] < 0 || keys > p->seqlen_k || keys > (int64_t)p->max_pages * p->page_size;
+}
+
 /* Whether a decode CTA's sequence b (tables_on_device) has a length out of
    range or a page entry out of range among those of keys [c0, c1), the
    CTA's threads taking entries in turn: 1 in every thread where any is. */
 static __device__ __forceinline__ int fa_i_pages_bad(const fa_params *p, int b, const int32_t *pages,
                                                      int c0, int c1, int tid, int nthreads)
 {
-    const int64_t keys = (int64_t)p->cache_seqlens[b] + p->seqlen_new;
-    int bad = p->cache_seqlens[b] < 0 || keys > p->seqlen_k ||
-              keys > (int64_t)p->max_pages * p->page_size, i;
+    int bad = fa_i_paged_length_bad(p, b), i;
     for (i = c0 / p->page_size + tid; c0 < c1 && i <= (c1 - 1) / p->page_size; i += nthreads)
         bad |= (unsigned)pages[i] >= (unsigned)p->num_pages;
     return __syncthreads_or(bad);
@@ -3393,12 +3399,10 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     int bad;
 
     if (pages) {
-        const int64_t keys = (int64_t)p.cache_seqlens[b] + p.seqlen_new;
         /* tables_on_device: a length out of range reads no key (fa_i_pages_bad at the end) */
-        p.seqlen_k = p.tables_on_device && (p.cache_seqlens[b] < 0 || keys > p.seqlen_k ||
-                                            keys > (int64_t)p.max_pages * p.page_size)
+        p.seqlen_k = p.tables_on_device && fa_i_paged_length_bad(&p, b)
                          ? 0
-                         : (int)keys;
+                         : p.cache_seqlens[b] + p.seqlen_new;
         fa_i_bottom_right(&p);
         tp.sliced = p.page_size % 16 == 0;
         tp.num_pages = p.num_pages;

@@ -234,9 +234,9 @@ typedef struct fa_params {
        alone, so the call neither copies nor waits on the host and may be
        captured in a CUDA graph whose replays read the tables' contents at
        the time. Nothing checks them on the host: the kernels never touch
-       memory outside the cache, a sequence whose length or page entries
-       are out of range gets O and LSE rows of NaN, and its appended rows
-       that fall on bad entries are not written. */
+       memory outside the cache, and a sequence whose length or page
+       entries are out of range gets O and LSE rows of NaN, its append not
+       written (for a bad entry: the rows that fall on it). */
     const int32_t *block_table;
     int max_pages;        /* block_table entries per sequence */
     int page_size;        /* keys per page */

@@ -3199,7 +3199,7 @@ REVISION HISTORY
    0.12.0 paged K/V: tables_on_device, block_table and cache_seqlens in
           device memory on the GPU decode path (no host copy, graph
           capturable), checked by the kernels (bad sequences: NaN rows);
-          every page lookup clamped to the cache
+          an entry that is not a page read as page 0
    0.11.1 GPU: the decode split rule keeps the CTAs an SM holds where row
           blocks share each K/V tile (16 tokens at groups of 8 and 16)
    0.11.0 GPU: the wgmma decode kernel at d = 256 (more than 32 packed

@@ -292,42 +292,63 @@ fa_status fa_test_gpu_combine(const fa_combine_params *hp)
     return s;
 }
 
-/* Forward then backward captured on a stream into a CUDA graph, the graph
-   launched twice: outputs copied back as the other wrappers do. Returns the
+/* A CUDA graph of library calls on a stream of its own. */
+typedef struct captured {
+    cudaStream_t stream;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+} captured;
+
+/* d's forward (and with backward its backward), captured into g's graph,
+   instantiated. ws holds the larger of the two workspaces. Returns the
    library's status (a capture the runtime refuses: FA_ERR_CUDA). */
+static fa_status capture(const fa_params *d, int backward, int deterministic, void *ws,
+                         size_t fwd_bytes, size_t bwd_bytes, captured *g)
+{
+    fa_status s = FA_OK;
+    memset(g, 0, sizeof *g);
+    if (cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+        return FA_ERR_CUDA;
+    s = fa_cuda_forward(d, ws, fwd_bytes, g->stream);
+    if (s == FA_OK && backward) s = fa_cuda_backward(d, deterministic, ws, bwd_bytes, g->stream);
+    if (cudaStreamEndCapture(g->stream, &g->graph) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
+    if (s == FA_OK && cudaGraphInstantiate(&g->exec, g->graph, 0) != cudaSuccess) s = FA_ERR_CUDA;
+    return s;
+}
+
+/* g's stream synchronized, g released; s, or FA_ERR_CUDA where the stream failed. */
+static fa_status release(captured *g, fa_status s)
+{
+    if (g->stream && cudaStreamSynchronize(g->stream) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    cudaGetLastError();
+    return s;
+}
+
+/* Forward then backward captured into a CUDA graph, the graph launched
+   twice: outputs copied back as the other wrappers do. */
 fa_status fa_test_gpu_graph(const fa_params *hp, int deterministic)
 {
     mirror m[TENSORS];
     fa_params p, d;
     void *ws = NULL;
     size_t fwd_bytes, bwd_bytes;
-    cudaStream_t stream = NULL;
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
+    captured g;
     fa_status s = fa_params_resolve(hp, FA_PASS_BACKWARD, &p);
     int i;
+    memset(&g, 0, sizeof g);
     if (s != FA_OK) return s;
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
     fwd_bytes = fa_cuda_forward_workspace_size(&d);
     bwd_bytes = fa_cuda_backward_workspace_size(&d, deterministic);
-    if (cudaMalloc(&ws, fwd_bytes > bwd_bytes ? fwd_bytes : bwd_bytes) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
-        s = FA_ERR_CUDA;
-    if (s == FA_OK) {
-        s = fa_cuda_forward(&d, ws, fwd_bytes, stream);
-        if (s == FA_OK) s = fa_cuda_backward(&d, deterministic, ws, bwd_bytes, stream);
-        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
-    }
-    if (s == FA_OK && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) s = FA_ERR_CUDA;
+    if (cudaMalloc(&ws, fwd_bytes > bwd_bytes ? fwd_bytes : bwd_bytes) != cudaSuccess) s = FA_ERR_CUDA;
+    if (s == FA_OK) s = capture(&d, 1, deterministic, ws, fwd_bytes, bwd_bytes, &g);
     for (i = 0; i < 2 && s == FA_OK; ++i)
-        if (cudaGraphLaunch(exec, stream) != cudaSuccess) s = FA_ERR_CUDA;
-    if (stream && cudaStreamSynchronize(stream) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-    if (stream) cudaStreamDestroy(stream);
-    cudaGetLastError();
-    return finish(s, m, ws);
+        if (cudaGraphLaunch(g.exec, g.stream) != cudaSuccess) s = FA_ERR_CUDA;
+    return finish(release(&g, s), m, ws);
 }
 
 /* A paged forward with tables_on_device captured into a CUDA graph and
@@ -342,39 +363,26 @@ fa_status fa_test_gpu_paged_graph(const fa_params *hp, const int32_t *lens2, voi
     fa_params p, d;
     void *ws = NULL;
     size_t bytes;
-    cudaStream_t stream = NULL;
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
+    captured g;
     fa_status s = fa_params_resolve(hp, FA_PASS_FORWARD, &p);
+    memset(&g, 0, sizeof g);
     if (s == FA_OK && !p.tables_on_device) s = FA_ERR_INVALID_ARGUMENT;
     if (s != FA_OK) return s;
     if ((s = mirror_all(&p, m, &d)) != FA_OK) return finish(s, m, NULL);
     bytes = fa_cuda_forward_workspace_size(&d);
-    if ((bytes && cudaMalloc(&ws, bytes) != cudaSuccess) ||
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
-        s = FA_ERR_CUDA;
-    if (s == FA_OK) {
-        s = fa_cuda_forward(&d, ws, bytes, stream);
-        if (cudaStreamEndCapture(stream, &graph) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
-    }
-    if (s == FA_OK && (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess ||
-                       cudaGraphLaunch(exec, stream) != cudaSuccess ||
-                       cudaStreamSynchronize(stream) != cudaSuccess ||
+    if (bytes && cudaMalloc(&ws, bytes) != cudaSuccess) s = FA_ERR_CUDA;
+    if (s == FA_OK) s = capture(&d, 0, 0, ws, bytes, 0, &g);
+    if (s == FA_OK && (cudaGraphLaunch(g.exec, g.stream) != cudaSuccess ||
+                       cudaStreamSynchronize(g.stream) != cudaSuccess ||
                        cudaMemcpy(first_o, m[O].dev, m[O].bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
                        (m[LSE].dev && cudaMemcpy(first_lse, m[LSE].dev, m[LSE].bytes,
                                                  cudaMemcpyDeviceToHost) != cudaSuccess) ||
                        cudaMemcpy(m[LENS].dev, lens2, sizeof(int32_t) * hp->batch,
                                   cudaMemcpyHostToDevice) != cudaSuccess ||
-                       cudaGraphLaunch(exec, stream) != cudaSuccess))
+                       cudaGraphLaunch(g.exec, g.stream) != cudaSuccess))
         s = FA_ERR_CUDA;
-    if (stream && cudaStreamSynchronize(stream) != cudaSuccess && s == FA_OK) s = FA_ERR_CUDA;
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-    if (stream) cudaStreamDestroy(stream);
-    cudaGetLastError();
     m[LENS].host = NULL; /* hp's lengths stay as they were */
-    return finish(s, m, ws);
+    return finish(release(&g, s), m, ws);
 }
 
 static __global__ void fa_test_trap(void) { __trap(); }

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.12.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.13.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -41,10 +41,11 @@
      key ranges by their LSE (fa_combine_params).
      Backward with accumulate_grads adds into dq, dk, dv; grads_f32 makes
      them fp32 (context parallelism: fa_params' comments).
-     Varlen: cu_seqlens_q/k (host arrays) give a ragged batch in packed tensors;
-     paged K/V (forward): block_table, cache_seqlens (host memory, or on
-     the GPU's decode path device memory: tables_on_device) and an optional
-     append of k_new/v_new (the fields' comments in fa_params).
+     Varlen: cu_seqlens_q/k give a ragged batch in packed tensors; paged
+     K/V (forward): block_table, cache_seqlens and an optional append of
+     k_new/v_new. These arrays are in host memory, or with tables_on_device
+     in device memory where the GPU reads them in place (varlen: Hopper's
+     forward; paged: the decode path); the fields' comments in fa_params.
      FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
      their descales (fa_fp8_scaling), o is written in o_dtype;
      fa_*_quantize_fp8 makes such inputs (fa_quantize_params).
@@ -93,7 +94,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 12
+#define FA_VERSION_MINOR 13
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
@@ -207,16 +208,29 @@ typedef struct fa_params {
     const float *v_descale;
 
     /* Ragged batches (varlen; CPU and GPU): with cu_seqlens_q and cu_seqlens_k
-       set (B + 1 int32 offsets each, host memory on both paths, non-decreasing), q, o, dout
+       set (B + 1 int32 offsets each, host memory, non-decreasing), q, o, dout
        and dq are packed [total_q, Hq, d] and k, v, dk, dv [total_k, Hkv, d]:
        sequence b owns rows cu[b] .. cu[b + 1] - 1 (layouts' batch strides are
        not used); seqlen_q and seqlen_k bound every sequence's length; masks
        align bottom-right per sequence; lse is [Hq, total_q]. seqused_k
        (optional): the keys sequence b attends, at most its span (a cache
-       longer than its content). Empty sequences are allowed. */
+       longer than its content). Empty sequences are allowed. total_q,
+       total_k: the packed tensors' rows; 0 means cu_seqlens_q[B] and
+       cu_seqlens_k[B] (host offsets), else the offsets must stay within.
+       tables_on_device (GPU forward on the FA3 kernel: Hopper, d = 64, 128,
+       256; else FA_ERR_UNSUPPORTED): the three arrays in device memory,
+       read by the kernels alone (no host copy, no wait; a CUDA graph's
+       replays read them as they are then); total_q and total_k required
+       (at least 1).
+       Nothing checks them on the host: the kernels read and write only
+       rows below the totals, and a sequence whose offsets are out of
+       order, past a total or its bound, or whose seqused_k is past its
+       span gets O and LSE rows of NaN where its query rows lie within
+       total_q (nothing, where they do not). */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     const int32_t *seqused_k;
+    int total_q, total_k;
 
     /* Paged K/V cache (forward): with block_table set, k and v are
        caches of num_pages pages, [num_pages, page_size, Hkv, d] (k_layout,
@@ -229,8 +243,9 @@ typedef struct fa_params {
        seqlen_k. Host arrays (the GPU copies them into its workspace); every
        page entry those keys use must be in 0 .. num_pages - 1 (else
        FA_ERR_INVALID_ARGUMENT, nothing written).
-       tables_on_device (GPU, seqlen_q <= 16, else FA_ERR_UNSUPPORTED):
-       block_table and cache_seqlens in device memory, read by the kernels
+       tables_on_device (GPU, seqlen_q <= 16, else FA_ERR_UNSUPPORTED;
+       varlen's offsets: above): block_table and cache_seqlens in device
+       memory, read by the kernels
        alone, so the call neither copies nor waits on the host and may be
        captured in a CUDA graph whose replays read the tables' contents at
        the time. Nothing checks them on the host: the kernels never touch
@@ -1041,10 +1056,14 @@ FA_API fa_status fa_params_resolve(const fa_params *p, fa_pass pass, fa_params *
              (s = fa_i_check_layout(&r.v_new_layout, "v_new_layout", r.batch, r.seqlen_new,
                                     r.heads_kv, r.head_dim_v)) != FA_OK))
             return s;
-    } else if (r.cache_seqlens || r.k_new || r.v_new || r.tables_on_device) {
-        return fa_i_fail(FA_ERR_NULL_POINTER,
-                         "cache_seqlens, k_new, v_new and tables_on_device need a block_table");
+    } else if (r.cache_seqlens || r.k_new || r.v_new || (r.tables_on_device && !r.cu_seqlens_q)) {
+        return fa_i_fail(FA_ERR_NULL_POINTER, "cache_seqlens, k_new and v_new need a block_table, "
+                         "tables_on_device a block_table or cu_seqlens");
     }
+    if (r.cu_seqlens_q && (r.total_q < 0 || r.total_k < 0 ||
+                           (r.tables_on_device && (r.total_q < 1 || r.total_k < 1))))
+        return fa_i_fail(FA_ERR_INVALID_SIZE, "total_q %d, total_k %d: not negative (with "
+                         "tables_on_device, at least 1)", r.total_q, r.total_k);
     if (r.positions) {
         if (r.cu_seqlens_q || r.block_table)
             return fa_i_fail(FA_ERR_UNSUPPORTED, "positions: dense problems only, not varlen or paged");
@@ -2739,13 +2758,28 @@ static fa_status fa_i_forward_packed(fa_i_job *job, const fa_cpu_options *o)
 
 /* ---- varlen: ragged batches as one dense problem per sequence ------------- */
 
-/* Validates a resolved varlen p's offsets (host arrays) and its packed
-   tensors' strides and aliasing for the totals; *total_q, *total_k out. */
-static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_q, int *total_k)
+/* The packed tensors of a resolved varlen p as one sequence of total_q and
+   total_k rows (at least 1): their strides and aliasing checked. */
+static fa_status fa_i_varlen_check_packed(const fa_params *p, fa_pass pass, int total_q,
+                                          int total_k)
 {
     fa_params whole = *p;
     fa_status s;
+    whole.batch = 1;
+    whole.seqlen_q = total_q > 0 ? total_q : 1;
+    whole.seqlen_k = total_k > 0 ? total_k : 1;
+    if ((s = fa_i_check_layouts(&whole, pass, 1, 1)) != FA_OK) return s;
+    return fa_i_check_aliasing(&whole, pass, NULL, 0);
+}
+
+/* Validates a resolved varlen p's offsets (host arrays) and its packed
+   tensors (fa_i_varlen_check_packed); *total_q, *total_k out. */
+static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_q, int *total_k)
+{
     int b;
+    if (p->tables_on_device)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the GPU forward on "
+                         "Hopper's FA3 kernel only");
     for (b = 0; b < p->batch; ++b) {
         const int64_t nq = (int64_t)p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b];
         const int64_t nk = (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];
@@ -2762,12 +2796,10 @@ static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_
     }
     *total_q = p->cu_seqlens_q[p->batch];
     *total_k = p->cu_seqlens_k[p->batch];
-    /* the packed tensors as one sequence of the totals' rows (at least 1) */
-    whole.batch = 1;
-    whole.seqlen_q = *total_q > 0 ? *total_q : 1;
-    whole.seqlen_k = *total_k > 0 ? *total_k : 1;
-    if ((s = fa_i_check_layouts(&whole, pass, 1, 1)) != FA_OK) return s;
-    return fa_i_check_aliasing(&whole, pass, NULL, 0);
+    if ((p->total_q && *total_q > p->total_q) || (p->total_k && *total_k > p->total_k))
+        return fa_i_fail(FA_ERR_INVALID_SIZE, "cu_seqlens end at %d queries, %d keys: past "
+                         "total_q %d, total_k %d", *total_q, *total_k, p->total_q, p->total_k);
+    return fa_i_varlen_check_packed(p, pass, *total_q, *total_k);
 }
 
 /* Rows [r0, r1) of every head of a packed tensor set to zero. */
@@ -3196,6 +3228,10 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.13.0 varlen: total_q, total_k (the packed tensors' rows); with
+          tables_on_device cu_seqlens_q/k and seqused_k in device memory
+          on Hopper's FA3 forward, the schedule made on the GPU (no host
+          copy, graph capturable; bad offsets: NaN rows or nothing)
    0.12.0 paged K/V: tables_on_device, block_table and cache_seqlens in
           device memory on the GPU decode path (no host copy, graph
           capturable), checked by the kernels (bad sequences: NaN rows);

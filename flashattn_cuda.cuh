@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.12.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.13.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -33,6 +33,9 @@
                tensor maps per sequence, the longest first. Otherwise each
                sequence as a dense problem of batch 1, in turn on the
                stream, the LSE rows moved by 2-D copies (>> host, at the end).
+               tables_on_device (the forward on Hopper): the same one
+               launch, its maps and tile list made on the device
+               (fa_i_varlen_order, fa_i_varlen_sequences in >> combine).
      paged     the block table copied into the workspace (tables_on_device:
                read in place, checked by the kernels), k_new/v_new
                appended by a copy kernel; seqlen_q <= 16 on the decode
@@ -676,7 +679,8 @@ typedef struct fa_i_tma_maps {
     const struct fa_i_tma_maps *seq_maps;
     const fa_i_fa3_seq *seqs;
     const int2 *tiles;
-    int num_tiles;
+    int num_tiles;        /* with tile_count: a bound on it */
+    const int *tile_count; /* a schedule made on the device (varlen, tables_on_device), else NULL */
     int lse_head;         /* by sequence: the LSE's head stride */
     const int32_t *pages; /* paged: the block table (the workspace's copy), else NULL */
     int page_shift;       /* paged: log2 of the page size (a multiple or a divisor of the key tile) */
@@ -2161,7 +2165,9 @@ static __device__ __forceinline__ int fa_i_fa3_tile(const fa_params *p, const fa
                                                     int64_t k, int bm, int *mb, int *h, int *b)
 {
     const int blocks_m = (p->seqlen_q + bm - 1) / bm;
-    const int64_t tiles = maps->seqs ? maps->num_tiles : (int64_t)blocks_m * p->heads_q * p->batch;
+    const int64_t tiles = !maps->seqs         ? (int64_t)blocks_m * p->heads_q * p->batch
+                          : maps->tile_count ? *maps->tile_count
+                                             : maps->num_tiles;
     const int64_t t = gridDim.x >= tiles ? blockIdx.x + k * gridDim.x
                                          : 2 * (blockIdx.x + (k >> 1) * gridDim.x) + (k & 1);
     int r;
@@ -3725,15 +3731,22 @@ typedef struct fa_i_fill_args {
     float value;
 } fa_i_fill_args;
 
+/* Element t of a's rows, counted row by row, head by head. */
+static __device__ __forceinline__ void fa_i_fill_at(const fa_i_fill_args *a, int64_t t)
+{
+    const int64_t row = t / a->d;
+    const int64_t at =
+        fa_i_dev_offset(&a->l, 0, (int)(row % a->heads), (int)(row / a->heads)) + t % a->d;
+    if (a->dtype == FA_DTYPE_F32)
+        ((float *)a->base)[at] = a->value;
+    else
+        fa_i_store16(a->base, at, a->value, a->dtype == FA_DTYPE_BF16);
+}
+
 static __global__ void fa_i_fill_rows(const fa_i_fill_args a)
 {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, row = t / a.d;
-    if (row >= (int64_t)a.rows * a.heads) return;
-    const int64_t at = fa_i_dev_offset(&a.l, 0, (int)(row % a.heads), (int)(row / a.heads)) + t % a.d;
-    if (a.dtype == FA_DTYPE_F32)
-        ((float *)a.base)[at] = a.value;
-    else
-        fa_i_store16(a.base, at, a.value, a.dtype == FA_DTYPE_BF16);
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < (int64_t)a.rows * a.heads * a.d) fa_i_fill_at(&a, t);
 }
 
 /* Rows between a paged cache and dense tensors, K and V in one launch
@@ -3782,6 +3795,177 @@ static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_row
             *dense = *in_cache;
     }
 }
+
+#if FA_I_SM90
+/* A ragged batch whose offsets are in device memory (tables_on_device):
+   the FA3 forward's schedule made on the device by two launches before
+   it, so the call neither copies nor waits on the host.
+   fa_i_varlen_order (one CTA) finds where the query offsets stop being
+   in order (no sequence from there on is placed: its rows could overlap
+   another's) and sorts the sequences by their work class, largest first
+   (a counting sort; the host's schedule orders them the same way): each
+   sequence's first item in the tile list, and the tile count the forward
+   reads. fa_i_varlen_sequences (a CTA per sequence in turn) writes a
+   sequence's entry, its tiles and its tensor maps: the template's (the
+   packed tensors from row 0) with its first row and row count put in by
+   tensormap.replace in shared memory, copied out with the release fence
+   the forward's acquire pairs with. A sequence that runs no tile gets its
+   O and LSE rows filled: 0 and -inf without keys, NaN where its other
+   offsets or seqused_k are out of range (fa_i_varlen_at). */
+#define FA_I_VARLEN_ORDER_THREADS 1024
+#define FA_I_VARLEN_SEQ_THREADS 256
+typedef struct fa_i_varlen_dev_args {
+    fa_i_tma_maps tmpl;   /* q, k, v, o over the packed tensors from row 0 */
+    const char *base[4];  /* q, k, v, o: their row 0 */
+    int64_t row_bytes[4]; /* and the bytes from a row to the next */
+    const int32_t *cu_q, *cu_k, *used;
+    int batch, heads_q, rows, causal; /* rows: the forward's query tile */
+    int total_q, total_k, max_q, max_k;
+    fa_i_fill_args fill_o; /* O's base, layout, heads, d, dtype (rows, value: per sequence) */
+    float *lse;            /* [Hq, total_q], or NULL */
+    /* the workspace: per sequence its maps, entry and first tile item; the
+       control words {tile count, first sequence not placed}; the tile list */
+    fa_i_tma_maps *seq_maps;
+    fa_i_fa3_seq *seqs;
+    int *item0, *ctl;
+    int2 *tiles;
+} fa_i_varlen_dev_args;
+
+enum { FA_I_SEQ_NONE, FA_I_SEQ_RUNS, FA_I_SEQ_NO_KEYS, FA_I_SEQ_BAD };
+
+/* Sequence b's entry (*e) and what becomes of it: its tiles run, its rows
+   are filled (NO_KEYS, BAD), or nothing (NONE: no query rows, or b at or
+   past `unplaced`, the first sequence whose query offsets are out of
+   order or past total_q). */
+static __device__ int fa_i_varlen_at(const fa_i_varlen_dev_args *a, int b, int unplaced,
+                                     fa_i_fa3_seq *e)
+{
+    const int q0 = a->cu_q[b], q1 = a->cu_q[b + 1], k0 = a->cu_k[b], k1 = a->cu_k[b + 1];
+    const int used = a->used ? a->used[b] : k1 - k0;
+    e->q0 = q0, e->k0 = k0, e->nq = q1 - q0, e->nk = used, e->acc0 = e->pad = 0;
+    e->lse0 = q0, e->pages0 = 0;
+    if (b >= unplaced || q1 == q0) return FA_I_SEQ_NONE;
+    if (q1 - q0 > a->max_q || k0 < 0 || k1 < k0 || k1 > a->total_k || k1 - k0 > a->max_k ||
+        used < 0 || used > k1 - k0)
+        return FA_I_SEQ_BAD;
+    return used ? FA_I_SEQ_RUNS : FA_I_SEQ_NO_KEYS;
+}
+
+/* A running sequence's tiles, and its work class (fa_i_work_class). */
+static __device__ __forceinline__ int fa_i_varlen_dev_tiles(const fa_i_varlen_dev_args *a,
+                                                            const fa_i_fa3_seq *e)
+{
+    return (e->nq + a->rows - 1) / a->rows * a->heads_q;
+}
+static __device__ __forceinline__ int fa_i_varlen_dev_class(const fa_i_fa3_seq *e)
+{
+    return 63 - __clzll((long long)e->nq * e->nk);
+}
+
+static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
+    fa_i_varlen_order(const __grid_constant__ fa_i_varlen_dev_args a)
+{
+    __shared__ int next[64], unplaced; /* per class: its next item */
+    fa_i_fa3_seq e;
+    int b, c;
+    if (threadIdx.x < 64) next[threadIdx.x] = 0;
+    if (threadIdx.x == 0) unplaced = a.batch;
+    __syncthreads();
+    for (b = threadIdx.x; b < a.batch; b += blockDim.x)
+        if (a.cu_q[b] < 0 || a.cu_q[b + 1] < a.cu_q[b] || a.cu_q[b + 1] > a.total_q)
+            atomicMin(&unplaced, b);
+    __syncthreads();
+    for (b = threadIdx.x; b < a.batch; b += blockDim.x)
+        if (fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS)
+            atomicAdd(&next[fa_i_varlen_dev_class(&e)], fa_i_varlen_dev_tiles(&a, &e));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int items = 0;
+        for (c = 63; c >= 0; --c) {
+            const int n = next[c];
+            next[c] = items, items += n;
+        }
+        a.ctl[0] = items, a.ctl[1] = unplaced;
+    }
+    __syncthreads();
+    for (b = threadIdx.x; b < a.batch; b += blockDim.x)
+        a.item0[b] = fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS
+                         ? atomicAdd(&next[fa_i_varlen_dev_class(&e)], fa_i_varlen_dev_tiles(&a, &e))
+                         : -1;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Tensor m (q, k, v, o) of sequence e's maps, by one warp through its
+   128-byte staging buffer in shared memory. */
+static __device__ void fa_i_varlen_map(const fa_i_varlen_dev_args *a, int m, int b,
+                                       const fa_i_fa3_seq *e, CUtensorMap *staged)
+{
+    const int lane = threadIdx.x % 32, keys = m == 1 || m == 2;
+    const CUtensorMap *from = m == 0 ? &a->tmpl.q : m == 1 ? &a->tmpl.k : m == 2 ? &a->tmpl.v
+                                                                                  : &a->tmpl.o;
+    fa_i_tma_maps *seq = a->seq_maps + b;
+    CUtensorMap *to = m == 0 ? &seq->q : m == 1 ? &seq->k : m == 2 ? &seq->v : &seq->o;
+    const uint32_t at = fa_i_smem_addr(staged);
+    const char *row0 = a->base[m] + (int64_t)(keys ? e->k0 : e->q0) * a->row_bytes[m];
+    if (lane < 16) ((uint64_t *)staged)[lane] = ((const uint64_t *)from)[lane];
+    __syncwarp();
+    if (lane == 0) {
+        asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(at),
+                     "l"((uint64_t)(uintptr_t)row0)
+                     : "memory");
+        asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;\n" ::"r"(at),
+                     "r"(keys ? e->nk : e->nq)
+                     : "memory");
+    }
+    __syncwarp();
+    asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync"
+                 ".aligned [%0], [%1], 128;\n" ::"l"((uint64_t)(uintptr_t)to),
+                 "r"(at)
+                 : "memory");
+    __syncwarp(); /* the buffer is read before the warp's next map */
+}
+#endif
+
+static __global__ void __launch_bounds__(FA_I_VARLEN_SEQ_THREADS)
+    fa_i_varlen_sequences(const __grid_constant__ fa_i_varlen_dev_args a)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __shared__ __align__(128) CUtensorMap staged[4];
+    const int unplaced = a.ctl[1], warp = threadIdx.x / 32;
+    fa_i_fa3_seq e;
+    int b;
+    for (b = blockIdx.x; b < a.batch; b += gridDim.x) {
+        const int st = fa_i_varlen_at(&a, b, unplaced, &e);
+        int64_t i;
+        if (st == FA_I_SEQ_RUNS) {
+            const int blocks = (e.nq + a.rows - 1) / a.rows, n = blocks * a.heads_q;
+            const int first = a.item0[b];
+            if (threadIdx.x == 0) a.seqs[b] = e;
+            for (i = threadIdx.x; i < n; i += blockDim.x) {
+                const int h = (int)i / blocks, r = (int)i % blocks;
+                a.tiles[first + i] =
+                    make_int2(b, (int)((uint32_t)h << 16 |
+                                       (uint32_t)fa_i_fa3_block_order(a.causal, r, blocks)));
+            }
+            if (warp < 4) fa_i_varlen_map(&a, warp, b, &e, &staged[warp]);
+        } else if (st != FA_I_SEQ_NONE) {
+            const float value = st == FA_I_SEQ_NO_KEYS ? 0.0f : __int_as_float(0x7fc00000);
+            fa_i_fill_args o = a.fill_o;
+            o.base = (char *)o.base +
+                     (int64_t)e.q0 * o.l.seq * (o.dtype == FA_DTYPE_F32 ? 4 : 2);
+            o.rows = e.nq, o.value = value;
+            for (i = threadIdx.x; i < (int64_t)e.nq * o.heads * o.d; i += blockDim.x)
+                fa_i_fill_at(&o, i);
+            for (i = threadIdx.x; a.lse && i < (int64_t)e.nq * a.heads_q; i += blockDim.x)
+                a.lse[i / e.nq * a.total_q + e.q0 + i % e.nq] =
+                    st == FA_I_SEQ_NO_KEYS ? -INFINITY : value;
+        }
+    }
+#else
+    (void)a;
+#endif
+}
+#endif /* FA_I_SM90 */
 #endif /* >> combine */
 
 /* >> quantize =================================================================
@@ -6856,6 +7040,92 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
 }
 #endif
 
+#if FA_I_SM90
+/* A ragged batch with its offsets in device memory (tables_on_device): the
+   FA3 forward of the longest sequence the bounds allow (seqlen_q,
+   seqlen_k), on the schedule fa_i_varlen_order and fa_i_varlen_sequences
+   make on the device. The workspace (64-byte aligned) holds per sequence
+   its maps, entry and first item, then the two control words and the tile
+   list, for at most Hq (total_q / rows + B) tiles (every sequence's last
+   query tile partial). */
+static size_t fa_i_varlen_dev_bytes(int batch, int64_t tiles)
+{
+    return 64 + (sizeof(fa_i_tma_maps) + sizeof(fa_i_fa3_seq)) * batch +
+           sizeof(int) * ((batch + 3) & ~1) + sizeof(int2) * tiles;
+}
+
+static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
+{
+    fa_params whole = *p, run, longest;
+    const fa_i_kernels *ks;
+    const fa_i_kernel *k = NULL;
+    fa_i_device dev;
+    fa_i_varlen_dev_args a;
+    fa_i_tma_maps maps;
+    int64_t bound;
+    char *ws;
+    fa_status s;
+    if (call->pass == FA_PASS_BACKWARD || p->num_splits > 1)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the forward, with "
+                         "no forced split");
+    /* the packed tensors as one sequence of the totals' rows: checked, and
+       the template maps' tensors */
+    whole.cu_seqlens_q = whole.cu_seqlens_k = whole.seqused_k = NULL;
+    whole.tables_on_device = 0, whole.total_q = whole.total_k = 0;
+    whole.batch = 1, whole.seqlen_q = p->total_q, whole.seqlen_k = p->total_k;
+    if ((s = fa_i_cuda_check(&whole, FA_PASS_FORWARD, 0, &run, &ks, &dev)) != FA_OK) return s;
+    longest = run, longest.seqlen_q = p->seqlen_q, longest.seqlen_k = p->seqlen_k;
+    ks = fa_i_find_kernels(fa_i_tile_head_dim(&run), run.dtype, FA_PASS_FORWARD, FA_I_FA3_FIRST,
+                           &dev);
+    if (ks) k = fa_i_fa3_pick(&longest, ks);
+    if (!k || !fa_i_fa3_compiled(k->fn, k->smem, &dev) || !fa_i_fa3_maps(&run, k, &maps))
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the FA3 forward "
+                         "only (an sm_90a build on compute capability 9.0)");
+    bound = (int64_t)p->heads_q * (p->total_q / k->rows + p->batch);
+    if (fa_i_blocks(p->seqlen_q, k->rows) > 0xffff || bound > 0x7fffffff) /* the items' fields */
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: seqlen_q %d, "
+                         "total_q %d: past the tile list's fields", p->seqlen_q, p->total_q);
+    call->need = fa_i_varlen_dev_bytes(p->batch, bound), call->algorithm = 3;
+    if (!call->run) return FA_OK;
+    if (!call->workspace || call->workspace_size < call->need)
+        return fa_i_fail(FA_ERR_WORKSPACE, "varlen with tables_on_device needs %zu bytes of "
+                         "workspace (fa_cuda_forward_workspace_size)", call->need);
+    if ((s = fa_i_check_aliasing(&run, FA_PASS_FORWARD, call->workspace, call->need)) != FA_OK)
+        return s;
+    memset(&a, 0, sizeof a);
+    a.tmpl = maps;
+    a.base[0] = (const char *)run.q, a.base[1] = (const char *)run.k;
+    a.base[2] = (const char *)run.v, a.base[3] = (const char *)run.o;
+    a.row_bytes[0] = run.q_layout.seq * (int64_t)fa_dtype_size(run.dtype);
+    a.row_bytes[1] = run.k_layout.seq * (int64_t)fa_dtype_size(run.dtype);
+    a.row_bytes[2] = run.v_layout.seq * (int64_t)fa_dtype_size(run.dtype);
+    a.row_bytes[3] = run.o_layout.seq * (int64_t)fa_dtype_size(run.o_dtype);
+    a.cu_q = p->cu_seqlens_q, a.cu_k = p->cu_seqlens_k, a.used = p->seqused_k;
+    a.batch = p->batch, a.heads_q = p->heads_q, a.rows = k->rows, a.causal = p->causal;
+    a.total_q = p->total_q, a.total_k = p->total_k, a.max_q = p->seqlen_q, a.max_k = p->seqlen_k;
+    a.fill_o.base = run.o, a.fill_o.l = run.o_layout, a.fill_o.heads = p->heads_q;
+    a.fill_o.d = p->head_dim_v, a.fill_o.dtype = run.o_dtype;
+    a.lse = p->lse;
+    ws = (char *)(((uintptr_t)call->workspace + 63) & ~(uintptr_t)63);
+    a.seq_maps = (fa_i_tma_maps *)ws;
+    a.seqs = (fa_i_fa3_seq *)(a.seq_maps + p->batch);
+    a.item0 = (int *)(a.seqs + p->batch), a.ctl = a.item0 + p->batch;
+    a.tiles = (int2 *)(a.item0 + ((p->batch + 3) & ~1));
+    memset(&maps, 0, sizeof maps);
+    maps.seq_maps = a.seq_maps, maps.seqs = a.seqs, maps.tiles = a.tiles;
+    maps.num_tiles = (int)bound, maps.tile_count = a.ctl, maps.lse_head = p->total_q;
+    run.lse = p->lse;
+    if ((s = fa_i_launch((const void *)fa_i_varlen_order, dim3(1), FA_I_VARLEN_ORDER_THREADS, 0,
+                         call->stream, &a, NULL)) != FA_OK ||
+        (s = fa_i_launch((const void *)fa_i_varlen_sequences,
+                         dim3(p->batch < 4 * dev.sms ? p->batch : 4 * dev.sms),
+                         FA_I_VARLEN_SEQ_THREADS, 0, call->stream, &a, NULL)) != FA_OK)
+        return s;
+    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(bound, &dev)), k->threads, k->smem, call->stream,
+                       &run, &maps);
+}
+#endif
+
 /* The gradients no kernel writes for sequence b: dQ where it sees no key,
    dK and dV of the keys past seqused_k (or of all, without queries);
    nothing when accumulating. */
@@ -6889,6 +7159,9 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     char *inner_ws = NULL;
     fa_layout lse_l;
     if (s != FA_OK) return s;
+#if FA_I_SM90
+    if (p.tables_on_device) return fa_i_varlen_device(&p, call);
+#endif
     if ((s = fa_i_varlen_check(&p, call->pass, &total_q, &total_k)) != FA_OK) return s;
     for (b = 0; b < p.batch; ++b)
         if (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] > max_nq)

@@ -53,6 +53,7 @@ class Params(ctypes.Structure):
         ("q_descale", ctypes.c_void_p), ("k_descale", ctypes.c_void_p),
         ("v_descale", ctypes.c_void_p), ("cu_seqlens_q", ctypes.c_void_p),
         ("cu_seqlens_k", ctypes.c_void_p), ("seqused_k", ctypes.c_void_p),
+        ("total_q", ctypes.c_int), ("total_k", ctypes.c_int),
         ("block_table", ctypes.c_void_p), ("max_pages", ctypes.c_int), ("page_size", ctypes.c_int),
         ("num_pages", ctypes.c_int), ("cache_seqlens", ctypes.c_void_p),
         ("tables_on_device", ctypes.c_int), ("k_new", ctypes.c_void_p), ("v_new", ctypes.c_void_p),
@@ -401,8 +402,8 @@ def load_gpu(name):
         if hasattr(lib, "fa_test_gpu_forward_workspace"):  # builds before 0.2 lack it (A/B)
             lib.fa_test_gpu_forward_workspace_size.restype = ctypes.c_size_t
             lib.fa_test_gpu_forward_workspace.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        if hasattr(lib, "fa_test_gpu_paged_graph"):  # builds before 0.12 lack it (A/B)
-            lib.fa_test_gpu_paged_graph.argtypes = [ctypes.c_void_p] * 4
+        if hasattr(lib, "fa_test_gpu_tables_graph"):  # builds before 0.13 lack it (A/B)
+            lib.fa_test_gpu_tables_graph.argtypes = [ctypes.c_void_p] * 4
     return lib
 
 

@@ -16,9 +16,9 @@
     X(lse) X(q_layout) X(k_layout) X(v_layout) X(o_layout) X(dout) X(dq) X(dk) X(dv)      \
     X(dout_layout) X(dq_layout) X(dk_layout) X(dv_layout) X(num_splits) X(o_dtype)      \
     X(fp8_scaling) X(q_descale) X(k_descale) X(v_descale) X(cu_seqlens_q) X(cu_seqlens_k)  \
-    X(seqused_k) X(block_table) X(max_pages) X(page_size) X(num_pages) X(cache_seqlens)   \
-    X(tables_on_device) X(k_new) X(v_new) X(k_new_layout) X(v_new_layout) X(seqlen_new)  \
-    X(positions)                                                                         \
+    X(seqused_k) X(total_q) X(total_k) X(block_table) X(max_pages) X(page_size)           \
+    X(num_pages) X(cache_seqlens) X(tables_on_device) X(k_new) X(v_new) X(k_new_layout)  \
+    X(v_new_layout) X(seqlen_new) X(positions)                                           \
     X(q_position) X(k_position) X(accumulate_grads) X(grads_f32)
 #define FA_TEST_COMBINE_FIELDS(X)                                                       \
     X(num_parts) X(batch) X(heads) X(seqlen) X(head_dim) X(part_dtype) X(o_parts)       \

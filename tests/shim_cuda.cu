@@ -42,7 +42,8 @@ static void down(mirror *m)
     }
 }
 
-enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, QD, KD, VD, KN, VN, TABLE, LENS, TENSORS };
+/* The per-sequence arrays (TABLE .. USED) are mirrored only with tables_on_device. */
+enum { Q, K, V, O, LSE, DOUT, DQ, DK, DV, QD, KD, VD, KN, VN, TABLE, LENS, CU_Q, CU_K, USED, TENSORS };
 
 /* Floats of an FP8 descale array of fp8_scaling's shape. */
 static size_t descales(const fa_params *p, int heads, int seq)
@@ -59,10 +60,13 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
     const size_t es = fa_dtype_size(p->dtype), o_es = fa_dtype_size(p->o_dtype);
     const size_t g_es = p->grads_f32 ? sizeof(float) : es;
     const int fp8 = p->dtype == FA_DTYPE_FP8_E4M3, varlen = p->cu_seqlens_q != NULL;
-    /* varlen: packed [total, H, d] tensors, LSE [Hq, total_q] (host offsets) */
+    /* varlen: packed [total, H, d] tensors, LSE [Hq, total_q] (the totals
+       given, else the host offsets' ends) */
     const int batch = varlen ? 1 : p->batch;
-    const int rows_q = !varlen ? p->seqlen_q : p->cu_seqlens_q[p->batch] > 0 ? p->cu_seqlens_q[p->batch] : 1;
-    const int rows_k = !varlen ? p->seqlen_k : p->cu_seqlens_k[p->batch] > 0 ? p->cu_seqlens_k[p->batch] : 1;
+    const int end_q = !varlen ? 0 : p->total_q ? p->total_q : p->cu_seqlens_q[p->batch];
+    const int end_k = !varlen ? 0 : p->total_k ? p->total_k : p->cu_seqlens_k[p->batch];
+    const int rows_q = !varlen ? p->seqlen_q : end_q > 0 ? end_q : 1;
+    const int rows_k = !varlen ? p->seqlen_k : end_k > 0 ? end_k : 1;
     /* paged: K and V are caches of pages (block_table, cache_seqlens stay in
        host memory, but for tables_on_device) */
     const int paged = p->block_table != NULL, batch_kv = paged ? p->num_pages : batch;
@@ -92,6 +96,14 @@ static fa_status mirror_all(const fa_params *p, mirror m[TENSORS], fa_params *d)
         bad |= up(&m[LENS], (void *)p->cache_seqlens, sizeof(int32_t) * p->batch);
         d->block_table = (const int32_t *)m[TABLE].dev;
         d->cache_seqlens = (const int32_t *)m[LENS].dev;
+    }
+    if (varlen && p->tables_on_device) {
+        bad |= up(&m[CU_Q], (void *)p->cu_seqlens_q, sizeof(int32_t) * (p->batch + 1));
+        bad |= up(&m[CU_K], (void *)p->cu_seqlens_k, sizeof(int32_t) * (p->batch + 1));
+        bad |= up(&m[USED], (void *)p->seqused_k, sizeof(int32_t) * p->batch);
+        d->cu_seqlens_q = (const int32_t *)m[CU_Q].dev;
+        d->cu_seqlens_k = (const int32_t *)m[CU_K].dev;
+        d->seqused_k = (const int32_t *)m[USED].dev;
     }
     if (fp8) {
         bad |= up(&m[QD], (void *)p->q_descale, sizeof(float) * descales(p, p->heads_q, p->seqlen_q));
@@ -351,13 +363,15 @@ fa_status fa_test_gpu_graph(const fa_params *hp, int deterministic)
     return finish(release(&g, s), m, ws);
 }
 
-/* A paged forward with tables_on_device captured into a CUDA graph and
-   launched twice: first over hp's cache_seqlens, its O and LSE copied into
-   first_o and first_lse (hp's o and lse shapes), then, with lens2 written
-   into the same device array between the launches, over those lengths,
-   its results in hp's o and lse as the other wrappers return them. */
-fa_status fa_test_gpu_paged_graph(const fa_params *hp, const int32_t *lens2, void *first_o,
-                                  float *first_lse)
+/* A forward with tables_on_device (paged or varlen) captured into a CUDA
+   graph and launched twice: first over hp's arrays, its O and LSE copied
+   into first_o and first_lse (hp's o and lse shapes), then, with the
+   arrays second[] gives (block_table, cache_seqlens, cu_seqlens_q,
+   cu_seqlens_k, seqused_k; NULL: as they were) written over the device
+   copies between the launches, over those, its results in hp's o and lse
+   as the other wrappers return them. */
+fa_status fa_test_gpu_tables_graph(const fa_params *hp, const int32_t *const *second,
+                                   void *first_o, float *first_lse)
 {
     mirror m[TENSORS];
     fa_params p, d;
@@ -365,6 +379,7 @@ fa_status fa_test_gpu_paged_graph(const fa_params *hp, const int32_t *lens2, voi
     size_t bytes;
     captured g;
     fa_status s = fa_params_resolve(hp, FA_PASS_FORWARD, &p);
+    int i;
     memset(&g, 0, sizeof g);
     if (s == FA_OK && !p.tables_on_device) s = FA_ERR_INVALID_ARGUMENT;
     if (s != FA_OK) return s;
@@ -376,12 +391,15 @@ fa_status fa_test_gpu_paged_graph(const fa_params *hp, const int32_t *lens2, voi
                        cudaStreamSynchronize(g.stream) != cudaSuccess ||
                        cudaMemcpy(first_o, m[O].dev, m[O].bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
                        (m[LSE].dev && cudaMemcpy(first_lse, m[LSE].dev, m[LSE].bytes,
-                                                 cudaMemcpyDeviceToHost) != cudaSuccess) ||
-                       cudaMemcpy(m[LENS].dev, lens2, sizeof(int32_t) * hp->batch,
-                                  cudaMemcpyHostToDevice) != cudaSuccess ||
-                       cudaGraphLaunch(g.exec, g.stream) != cudaSuccess))
+                                                 cudaMemcpyDeviceToHost) != cudaSuccess)))
         s = FA_ERR_CUDA;
-    m[LENS].host = NULL; /* hp's lengths stay as they were */
+    for (i = TABLE; i <= USED; ++i) {
+        if (s == FA_OK && second[i - TABLE] && m[i].dev &&
+            cudaMemcpy(m[i].dev, second[i - TABLE], m[i].bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+            s = FA_ERR_CUDA;
+        m[i].host = NULL; /* hp's arrays stay as they were */
+    }
+    if (s == FA_OK && cudaGraphLaunch(g.exec, g.stream) != cudaSuccess) s = FA_ERR_CUDA;
     return finish(release(&g, s), m, ws);
 }
 

@@ -385,8 +385,8 @@ def gpu_paged_device_tables_graph():
 
     def graph(p):
         p.tables_on_device = 1
-        return fa.GPU.fa_test_gpu_paged_graph(ctypes.byref(p), lens2.ctypes.data, o1.ptr,
-                                              lse1.ctypes.data)
+        second = (ctypes.c_void_p * 5)(None, lens2.ctypes.data, None, None, None)
+        return fa.GPU.fa_test_gpu_tables_graph(ctypes.byref(p), second, o1.ptr, lse1.ctypes.data)
 
     status, t2, lse2 = prob.run("gpu", call=graph)
     assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.last_detail('gpu')}"

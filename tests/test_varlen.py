@@ -17,7 +17,8 @@ from test_gpu import need_gpu
 class VarlenProblem:
     def __init__(self, rng, lengths_q, lengths_k, used_k=None, heads_q=4, heads_kv=2,
                  head_dim=64, dtype="f32", causal=False, window=None, softcap=0.0, pad=0,
-                 head_dim_v=0, poison_unused=False):
+                 head_dim_v=0, poison_unused=False, device_offsets=False):
+        self.device_offsets = device_offsets  # tables_on_device, with the totals given
         self.lq, self.lk, self.used = list(lengths_q), list(lengths_k), used_k
         self.b, self.hq, self.hkv, self.d, self.dtype = len(lengths_q), heads_q, heads_kv, head_dim, dtype
         self.dv = head_dim_v or head_dim
@@ -63,6 +64,8 @@ class VarlenProblem:
         p.cu_seqlens_q, p.cu_seqlens_k = self.cu_q.ctypes.data, self.cu_k.ctypes.data
         if self.used_arr is not None:
             p.seqused_k = self.used_arr.ctypes.data
+        if self.device_offsets:
+            p.tables_on_device, p.total_q, p.total_k = 1, max(self.tq, 1), max(self.tk, 1)
         return p
 
     def forward(self, backend="fa2"):
@@ -153,6 +156,37 @@ def gpu_varlen_case(**cfg):
     return varlen_case(fwd="gpu", bwds=("gpu", "gpu_det"), **cfg)
 
 
+# empty, single-row and tile-edge sequences, causal, GQA: the first case of the
+# one-launch comparisons and of the device offsets
+RAGGED_CAUSAL_GQA = dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
+                         lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True, heads_q=6,
+                         heads_kv=2, head_dim=128)
+
+
+def gpu_varlen_device_offsets_case(**cfg):
+    """tables_on_device: the offsets in device memory, the schedule made on
+    the device. Against the float64 reference, and where the host offsets
+    take the one launch of the same FA3 kernel (the longest sequence has
+    more than 16 queries, and the bounds are its lengths) equal to it bit
+    for bit: each tile sees the same key tiles in the same order, only the
+    order the CTAs take the tiles in may differ."""
+    need_gpu()
+    if fa.GPU.fa_test_gpu_cc() != 90:
+        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+    result = varlen_case(backward=False, fwd="gpu", device_offsets=True, **cfg)
+    prob = VarlenProblem(rng_for("varlen_device" + str(cfg)), device_offsets=True, **cfg)
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    if max(prob.lq) <= 16:
+        return result + ", the host offsets take the decode path"
+    prob.device_offsets = False
+    status, host_o, host_lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    assert np.array_equal(o, host_o, equal_nan=True) and \
+        np.array_equal(lse, host_lse, equal_nan=True), "device offsets differ from host offsets"
+    return result + ", bits of the host offsets"
+
+
 case("varlen_ragged", varlen_case, lengths_q=[5, 130, 1, 64], lengths_k=[9, 200, 1, 64])
 case("varlen_empty_sequences", varlen_case, lengths_q=[0, 17, 33, 0], lengths_k=[4, 0, 40, 0])
 case("varlen_causal_bottom_right", varlen_case, lengths_q=[20, 70, 3], lengths_k=[50, 70, 9],
@@ -188,6 +222,28 @@ for name, cfg in (
                                           heads_q=4, heads_kv=1, dtype="f16", pad=8,
                                           head_dim=256))):
     case(f"gpu_varlen_{name}", gpu_varlen_case, **dict(dict(dtype="bf16"), **cfg))
+
+
+for name, cfg in (
+        ("lengths_0_1_63_64_65_1000", dict(lengths_q=[0, 1, 63, 64, 65, 1000],
+                                           lengths_k=[3, 1, 63, 64, 65, 1000], causal=True)),
+        ("empty_sequences_d64", dict(lengths_q=[0, 17, 33, 0, 5], lengths_k=[4, 0, 40, 0, 9],
+                                     head_dim=64)),
+        ("causal_gqa_d128", RAGGED_CAUSAL_GQA),
+        ("window_softcap_d96", dict(lengths_q=[77, 200], lengths_k=[150, 120], window=(32, 4),
+                                    softcap=10.0, head_dim=96)),
+        ("seqused_k_poisoned_d128", dict(lengths_q=[40, 300, 0, 17], lengths_k=[64, 500, 9, 200],
+                                         used_k=[33, 410, 9, 0], causal=True, head_dim=128,
+                                         poison_unused=True)),
+        ("decode_rows_only", dict(lengths_q=[1, 4, 16], lengths_k=[640, 100, 300],
+                                  used_k=[333, 100, 0], causal=True)),
+        ("padded_rows_f16_mqa_d256", dict(lengths_q=[31, 2, 65], lengths_k=[31, 90, 1],
+                                          heads_q=4, heads_kv=1, dtype="f16", pad=8,
+                                          head_dim=256)),
+        ("head_dim_v_192_128", dict(lengths_q=[40, 0, 130], lengths_k=[70, 5, 130],
+                                    head_dim=192, head_dim_v=128, causal=True))):
+    case(f"gpu_varlen_device_offsets_{name}", gpu_varlen_device_offsets_case,
+         **dict(dict(dtype="bf16"), **cfg))
 
 
 case("gpu_varlen_seqused_k_poisoned_d128", gpu_varlen_case, lengths_q=[40, 300, 0, 17],
@@ -245,10 +301,6 @@ def gpu_varlen_equals_dense_calls(**cfg):
     return f"{compared} sequences bit for bit"
 
 
-# empty, single-row and tile-edge sequences, causal, GQA: both directions' first case
-RAGGED_CAUSAL_GQA = dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
-                         lengths_k=[5, 1, 63, 90, 65, 1000, 700, 129], causal=True, heads_q=6,
-                         heads_kv=2, head_dim=128)
 for name, cfg in (
         ("d128_causal_gqa", RAGGED_CAUSAL_GQA),
         ("d64_window_softcap", dict(lengths_q=[200, 17, 513], lengths_k=[100, 300, 513],
@@ -413,6 +465,154 @@ for name, mutate, expected in (
         ("valid_but_reference_is_dense_only", _fields(), "ok")):
     case(f"varlen_bad_{name}", _varlen_bad, mutate, expected,
          ("fa2", "gpu") if expected != "ok" else ("ref",))
+
+for name, mutate, expected, backends in (
+        ("offsets_past_total_q", _fields(total_q=11), "FA_ERR_INVALID_SIZE", ("fa2", "gpu")),
+        ("negative_total_k", _fields(total_k=-1), "FA_ERR_INVALID_SIZE", ("fa2", "gpu")),
+        ("device_offsets_without_totals", _fields(tables_on_device=1), "FA_ERR_INVALID_SIZE",
+         ("fa2", "gpu")),
+        ("device_offsets_on_the_cpu", _fields(tables_on_device=1, total_q=12, total_k=14),
+         "FA_ERR_UNSUPPORTED", ("fa2",)),
+        ("device_offsets_forced_split", _fields(tables_on_device=1, total_q=12, total_k=14,
+                                                num_splits=2), "FA_ERR_UNSUPPORTED", ("gpu",))):
+    case(f"varlen_bad_{name}", _varlen_bad, mutate, expected, backends)
+
+
+# tables_on_device: offsets the host cannot check. Sequence lengths q [40,
+# 30, 50, 20], k [60, 30, 70, 25]; each mutation names the sequences whose
+# O and LSE rows must be NaN and those whose rows must keep their 7.0 (not
+# placed: the query offsets out of order or past total_q from there on);
+# every other sequence has the bits of the valid offsets.
+DEVICE_BAD_LQ, DEVICE_BAD_LK = [40, 30, 50, 20], [60, 30, 70, 25]
+
+
+def _device_offsets_bad(mutate, nan_seqs, kept_seqs, check_lse=True):
+    need_gpu()
+    if fa.GPU.fa_test_gpu_cc() != 90:
+        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+    prob = VarlenProblem(rng_for("varlen_device_bad"), DEVICE_BAD_LQ, DEVICE_BAD_LK, causal=True,
+                         head_dim=128, dtype="bf16", device_offsets=True)
+    status, good_o, good_lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
+         "v": prob.tensor(prob.tk, prob.hkv, prob.v, True),
+         "o": prob.tensor(prob.tq, prob.hq, np.full((prob.tq, prob.hq, prob.dv), 7.0), True)}
+    lse = np.full((prob.hq, prob.tq), 7.0, np.float32)
+    p = prob.params(t, lse)
+    keep = mutate(p)
+    if not check_lse:
+        p.lse = None
+    status = fa.call_forward("gpu", p)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.GPU.fa_last_error_detail().decode()}"
+    del keep
+    o = t["o"].values()[0]
+    for b in range(prob.b):
+        rows = slice(prob.cu_q[b], prob.cu_q[b + 1])
+        got, got_lse = o[rows], lse[:, rows].astype(np.float64)
+        if b in nan_seqs:
+            assert np.isnan(got).all() and (not check_lse or np.isnan(got_lse).all()), \
+                f"sequence {b}: not NaN"
+        elif b in kept_seqs:
+            assert np.all(got == 7.0) and np.all(got_lse == 7.0), f"sequence {b}: written"
+        else:
+            assert np.array_equal(got, good_o[rows]) and \
+                (not check_lse or np.array_equal(got_lse, good_lse[:, rows])), \
+                f"sequence {b}: differs from the valid offsets' result"
+    return f"NaN {sorted(nan_seqs)}, kept {sorted(kept_seqs)}"
+
+
+def _device_array(field, values):
+    def mutate(p):
+        arr = np.array(values, np.int32)
+        setattr(p, field, arr.ctypes.data)
+        return arr
+    return mutate
+
+
+for name, mutate, nan_seqs, kept_seqs, lse_too in (
+        ("seqused_k_past_its_span", _device_array("seqused_k", [60, 30, 71, 25]), {2}, set(), True),
+        ("keys_past_total_k", _device_array("cu_seqlens_k", [0, 60, 90, 160, 190]), {3}, set(),
+         True),
+        ("keys_decreasing", _device_array("cu_seqlens_k", [0, 60, 50, 160, 185]), {1, 2}, set(),
+         True),
+        ("negative_key_start", _device_array("cu_seqlens_k", [0, 60, 90, -1, 185]), {2, 3}, set(),
+         True),
+        ("queries_decreasing", _device_array("cu_seqlens_q", [0, 40, 70, 60, 140]), set(), {2, 3},
+         True),
+        ("negative_query_start", _device_array("cu_seqlens_q", [-5, 40, 70, 120, 140]), set(),
+         {0, 1, 2, 3}, True),
+        ("longer_than_seqlen_q", lambda p: setattr(p, "seqlen_q", 45), {2}, set(), True),
+        # total_q 120: the tensors' rows end inside sequence 3 (the LSE's head
+        # stride changes with it, so only O is checked)
+        ("queries_past_total_q", lambda p: setattr(p, "total_q", 120), set(), {3}, False)):
+    case(f"gpu_varlen_device_offsets_bad_{name}", _device_offsets_bad, mutate, nan_seqs,
+         kept_seqs, lse_too)
+
+
+def gpu_varlen_device_offsets_graph():
+    """tables_on_device: a ragged forward captured once into a CUDA graph
+    reads the offsets as they are at each launch: the second launch, after
+    other offsets (the same totals) were written into the same device
+    arrays, equals a direct call over those, bit for bit, as the first
+    equals one over the first offsets."""
+    need_gpu()
+    if fa.GPU.fa_test_gpu_cc() != 90:
+        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+    prob = VarlenProblem(rng_for("varlen_device_graph"), [100, 0, 65, 300], [200, 7, 65, 250],
+                         causal=True, head_dim=128, dtype="bf16", device_offsets=True)
+    cu_q2 = np.array([0, 50, 100, 265, 465], np.int32)
+    cu_k2 = np.array([0, 100, 207, 272, 522], np.int32)
+    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
+         "v": prob.tensor(prob.tk, prob.hkv, prob.v, True), "o": prob.tensor(prob.tq, prob.hq, None, True)}
+    o1 = prob.tensor(prob.tq, prob.hq, None, True)
+    lse1 = np.full((prob.hq, prob.tq), np.nan, np.float32)
+    lse2 = np.full((prob.hq, prob.tq), np.nan, np.float32)
+    second = (ctypes.c_void_p * 5)(None, None, cu_q2.ctypes.data, cu_k2.ctypes.data, None)
+    status = fa.GPU.fa_test_gpu_tables_graph(ctypes.byref(prob.params(t, lse2)), second, o1.ptr,
+                                             lse1.ctypes.data)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.GPU.fa_last_error_detail().decode()}"
+    first = prob.forward("gpu")
+    prob.cu_q, prob.cu_k = cu_q2, cu_k2
+    again = prob.forward("gpu")
+    for name, got, want in (("o, first launch", o1.values()[0], first[1]),
+                            ("lse, first launch", lse1.astype(np.float64), first[2]),
+                            ("o, second launch", t["o"].values()[0], again[1]),
+                            ("lse, second launch", lse2.astype(np.float64), again[2])):
+        assert np.array_equal(got, want, equal_nan=True), f"{name} differs from the direct call"
+    assert not np.array_equal(first[2], again[2], equal_nan=True), "the offsets changed nothing"
+
+
+case("gpu_varlen_device_offsets_graph", gpu_varlen_device_offsets_graph)
+
+
+def gpu_varlen_device_offsets_refused():
+    """tables_on_device with varlen: the backward answers FA_ERR_UNSUPPORTED
+    and a workspace one byte short FA_ERR_WORKSPACE, nothing written."""
+    need_gpu()
+    prob = VarlenProblem(rng_for("varlen_device_refused"), [20, 9], [30, 12], head_dim=64,
+                         dtype="bf16", device_offsets=True)
+    status, o, lse = prob.forward("gpu")
+    if fa.GPU.fa_test_gpu_cc() != 90:
+        assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
+        assert np.isnan(o).all(), "O was written"
+        return "not Hopper: the forward refused"
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    status, dq, dk, dv = prob.backward(o, lse, "gpu")
+    assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
+    assert all(np.isnan(g).all() for g in (dq, dk, dv)), "a gradient was written"
+    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
+         "v": prob.tensor(prob.tk, prob.hkv, prob.v, True), "o": prob.tensor(prob.tq, prob.hq, None, True)}
+    short_lse = np.full((prob.hq, prob.tq), np.nan, np.float32)
+    p = prob.params(t, short_lse)
+    need = fa.GPU.fa_test_gpu_forward_workspace_size(ctypes.byref(p))
+    assert need > 0, "no workspace asked for"
+    status = fa.GPU.fa_test_gpu_forward_workspace(ctypes.byref(p), need - 1)
+    assert status == fa.STATUS["FA_ERR_WORKSPACE"], fa.status_name(status)
+    assert np.isnan(t["o"].values()).all() and np.isnan(short_lse).all(), "written"
+    return f"workspace {need} bytes"
+
+
+case("gpu_varlen_device_offsets_refused", gpu_varlen_device_offsets_refused)
 
 
 def gpu_varlen_head_dim_59_refused():

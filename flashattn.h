@@ -3231,7 +3231,9 @@ REVISION HISTORY
    0.13.0 varlen: total_q, total_k (the packed tensors' rows); with
           tables_on_device cu_seqlens_q/k and seqused_k in device memory
           on Hopper's FA3 forward, the schedule made on the GPU (no host
-          copy, graph capturable; bad offsets: NaN rows or nothing)
+          copy, graph capturable; bad offsets: NaN rows or nothing);
+          the decode split rule keeps the CTAs an SM holds for the page
+          walk at every head dim
    0.12.0 paged K/V: tables_on_device, block_table and cache_seqlens in
           device memory on the GPU decode path (no host copy, graph
           capturable), checked by the kernels (bad sequences: NaN rows);

@@ -6213,12 +6213,11 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
     base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
-    /* at d <= 64 the page walk (and the column masks) cost more per byte
-       than the dense kernels' streams, and row blocks that share each K/V
-       tile (through L2) do more arithmetic per byte: both keep more CTAs
-       an SM in flight */
-    a->splits = fa_i_decode_splits(p, k, base,
-                                   (plan->k->head_dim > 64 || !general) && a->row_blocks == 1, dev);
+    /* the general kernel's page walk (and column masks) cost more per
+       byte than the dense kernels' streams, and row blocks that share each
+       K/V tile (through L2) do more arithmetic per byte: both keep more
+       CTAs an SM in flight */
+    a->splits = fa_i_decode_splits(p, k, base, !general && a->row_blocks == 1, dev);
     a->part_floats = /* rows of the kernels' head dim */
         (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * plan->k->head_dim);
     a->lse_floats = (int64_t)fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q);

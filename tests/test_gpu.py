@@ -412,7 +412,11 @@ def _algorithm_dispatch(seed, algorithm, fa3_dims):
         if fa.GPU_FA2:
             assert algorithm(fa.GPU_FA2, p) == 2
         seen.append(f"d{d}:FA{got}")
-    p.head_dim = 44  # neither built nor a multiple of 8
+    # neither built nor a multiple of 8, in unpadded rows (88 bytes: not
+    # 16-byte aligned, so no larger head dim's kernels take it either)
+    p.head_dim = p.head_dim_v = 44
+    for n in names:
+        setattr(p, n + "_layout", fa.Layout(0, 0, 0))
     assert algorithm(lib, p) == 0
     return f"cc {cc}: " + " ".join(seen)
 
@@ -575,9 +579,9 @@ def gpu_bad_workspace_too_small():
         assert need > 0
         status = lib.fa_test_gpu_backward_workspace(ctypes.byref(p), need - 4)
         assert status == fa.STATUS["FA_ERR_WORKSPACE"], fa.status_name(status)
-        p.head_dim = 47  # then let the wrapper's own call fail cleanly too
+        p.heads_kv = 3  # then the wrapper's own call fails cleanly too
 
-    return _gpu_status(shrink, "FA_ERR_UNSUPPORTED", True)
+    return _gpu_status(shrink, "FA_ERR_INVALID_HEADS", True)
 
 
 @test
@@ -590,9 +594,9 @@ def gpu_bad_workspace_over_an_output():
         assert status == fa.STATUS["FA_ERR_INVALID_LAYOUT"], fa.status_name(status)
         assert "workspace" in lib.fa_last_error_detail().decode()
         assert np.array_equal(before, t["dq"].storage), "dq was written"
-        p.head_dim = 47  # then let the wrapper's own call fail cleanly too
+        p.heads_kv = 3  # then the wrapper's own call fails cleanly too
 
-    return _gpu_status(overlap, "FA_ERR_UNSUPPORTED", True)
+    return _gpu_status(overlap, "FA_ERR_INVALID_HEADS", True)
 
 
 def _decode_status(mutate, expected, ws_size=None, seqlen_q=2):

@@ -3620,7 +3620,9 @@ FA_I_DECODE_WG_KERNEL(_wg_general, 1)
    dtype and layout); the row's LSE is written after a barrier, when every
    warp of the row has read the parts' (so lse may be lse_parts[0], or with
    accumulate o's own). Then two row copies: fa_i_fill_rows (varlen's rows
-   without keys) and fa_i_page_rows (a paged cache's append and gather). */
+   without keys) and fa_i_page_rows (a paged cache's append and gather),
+   and on Hopper the varlen schedule made on the device from offsets in
+   device memory (fa_i_varlen_order, fa_i_varlen_sequences). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)

@@ -1302,6 +1302,17 @@ static __device__ __forceinline__ void fa_i_stsm_x4(uint32_t addr, const uint32_
    no P above it; the warp keeps them when every thread's sums do. */
 #define FA_I_SPEC_SUM_MAX 256.0f
 
+/* The power of two of a sequence's work (nq nk), or -1 where it has none:
+   the ragged schedules' classes, largest first. */
+static __host__ __device__ __forceinline__ int fa_i_work_class(int nq, int nk)
+{
+    int c = 0;
+    int64_t work;
+    if (!nq || !nk) return -1;
+    for (work = (int64_t)nq * nk; work > 1; work >>= 1) ++c;
+    return c;
+}
+
 /* The r-th of a head's blocks_m query blocks in the FA3 forward's
    schedule: in order, or under causal masking M-1, 0, M-2, 1, ... (every
    pair one heavy and one light block: fa_i_fa3_tile). */
@@ -3823,8 +3834,9 @@ typedef struct fa_i_varlen_dev_args {
     const int32_t *cu_q, *cu_k, *used;
     int batch, heads_q, rows, causal; /* rows: the forward's query tile */
     int total_q, total_k, max_q, max_k;
-    fa_i_fill_args fill_o; /* O's base, layout, heads, d, dtype (rows, value: per sequence) */
-    float *lse;            /* [Hq, total_q], or NULL */
+    /* O and the LSE ([Hq, total_q], base NULL without one): base, layout,
+       heads, d, dtype (rows, value: per sequence) */
+    fa_i_fill_args fill_o, fill_lse;
     /* the workspace: per sequence its maps, entry and first tile item; the
        control words {tile count, first sequence not placed}; the tile list */
     fa_i_tma_maps *seq_maps;
@@ -3853,15 +3865,20 @@ static __device__ int fa_i_varlen_at(const fa_i_varlen_dev_args *a, int b, int u
     return used ? FA_I_SEQ_RUNS : FA_I_SEQ_NO_KEYS;
 }
 
-/* A running sequence's tiles, and its work class (fa_i_work_class). */
-static __device__ __forceinline__ int fa_i_varlen_dev_tiles(const fa_i_varlen_dev_args *a,
-                                                            const fa_i_fa3_seq *e)
+/* A running sequence's query blocks a head. */
+static __device__ __forceinline__ int fa_i_varlen_dev_blocks(const fa_i_varlen_dev_args *a,
+                                                             const fa_i_fa3_seq *e)
 {
-    return (e->nq + a->rows - 1) / a->rows * a->heads_q;
+    return (e->nq + a->rows - 1) / a->rows;
 }
-static __device__ __forceinline__ int fa_i_varlen_dev_class(const fa_i_fa3_seq *e)
+
+/* Rows [r0, r0 + rows) of every head of f's tensor set to value, by the CTA. */
+static __device__ void fa_i_fill_rows_cta(fa_i_fill_args f, int r0, int rows, float value)
 {
-    return 63 - __clzll((long long)e->nq * e->nk);
+    int64_t i;
+    f.base = (char *)f.base + (int64_t)r0 * f.l.seq * (f.dtype == FA_DTYPE_F32 ? 4 : 2);
+    f.rows = rows, f.value = value;
+    for (i = threadIdx.x; i < (int64_t)rows * f.heads * f.d; i += blockDim.x) fa_i_fill_at(&f, i);
 }
 
 static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
@@ -3879,7 +3896,8 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
     __syncthreads();
     for (b = threadIdx.x; b < a.batch; b += blockDim.x)
         if (fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS)
-            atomicAdd(&next[fa_i_varlen_dev_class(&e)], fa_i_varlen_dev_tiles(&a, &e));
+            atomicAdd(&next[fa_i_work_class(e.nq, e.nk)],
+                      fa_i_varlen_dev_blocks(&a, &e) * a.heads_q);
     __syncthreads();
     if (threadIdx.x == 0) {
         int items = 0;
@@ -3892,7 +3910,8 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
     __syncthreads();
     for (b = threadIdx.x; b < a.batch; b += blockDim.x)
         a.item0[b] = fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS
-                         ? atomicAdd(&next[fa_i_varlen_dev_class(&e)], fa_i_varlen_dev_tiles(&a, &e))
+                         ? atomicAdd(&next[fa_i_work_class(e.nq, e.nk)],
+                                     fa_i_varlen_dev_blocks(&a, &e) * a.heads_q)
                          : -1;
 }
 
@@ -3938,29 +3957,20 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_SEQ_THREADS)
     int b;
     for (b = blockIdx.x; b < a.batch; b += gridDim.x) {
         const int st = fa_i_varlen_at(&a, b, unplaced, &e);
-        int64_t i;
         if (st == FA_I_SEQ_RUNS) {
-            const int blocks = (e.nq + a.rows - 1) / a.rows, n = blocks * a.heads_q;
-            const int first = a.item0[b];
+            const int blocks = fa_i_varlen_dev_blocks(&a, &e), first = a.item0[b];
+            int i;
             if (threadIdx.x == 0) a.seqs[b] = e;
-            for (i = threadIdx.x; i < n; i += blockDim.x) {
-                const int h = (int)i / blocks, r = (int)i % blocks;
+            for (i = threadIdx.x; i < blocks * a.heads_q; i += blockDim.x)
                 a.tiles[first + i] =
-                    make_int2(b, (int)((uint32_t)h << 16 |
-                                       (uint32_t)fa_i_fa3_block_order(a.causal, r, blocks)));
-            }
+                    make_int2(b, (int)((uint32_t)(i / blocks) << 16 |
+                                       (uint32_t)fa_i_fa3_block_order(a.causal, i % blocks, blocks)));
             if (warp < 4) fa_i_varlen_map(&a, warp, b, &e, &staged[warp]);
-        } else if (st != FA_I_SEQ_NONE) {
-            const float value = st == FA_I_SEQ_NO_KEYS ? 0.0f : __int_as_float(0x7fc00000);
-            fa_i_fill_args o = a.fill_o;
-            o.base = (char *)o.base +
-                     (int64_t)e.q0 * o.l.seq * (o.dtype == FA_DTYPE_F32 ? 4 : 2);
-            o.rows = e.nq, o.value = value;
-            for (i = threadIdx.x; i < (int64_t)e.nq * o.heads * o.d; i += blockDim.x)
-                fa_i_fill_at(&o, i);
-            for (i = threadIdx.x; a.lse && i < (int64_t)e.nq * a.heads_q; i += blockDim.x)
-                a.lse[i / e.nq * a.total_q + e.q0 + i % e.nq] =
-                    st == FA_I_SEQ_NO_KEYS ? -INFINITY : value;
+        } else if (st != FA_I_SEQ_NONE) { /* no keys: 0 and -inf; bad: NaN */
+            const float nan = __int_as_float(0x7fc00000);
+            fa_i_fill_rows_cta(a.fill_o, e.q0, e.nq, st == FA_I_SEQ_NO_KEYS ? 0.0f : nan);
+            if (a.fill_lse.base)
+                fa_i_fill_rows_cta(a.fill_lse, e.q0, e.nq, st == FA_I_SEQ_NO_KEYS ? -INFINITY : nan);
         }
     }
 #else
@@ -6730,15 +6740,6 @@ typedef struct fa_i_varlen_stage {
     cudaStream_t stream;
 } fa_i_varlen_stage;
 
-/* The power of two of a sequence's work (nq nk), or -1 where it has none. */
-static int fa_i_work_class(int nq, int nk)
-{
-    int c = 0;
-    int64_t work;
-    if (!nq || !nk) return -1;
-    for (work = (int64_t)nq * nk; work > 1; work >>= 1) ++c;
-    return c;
-}
 
 /* The same for sequence b of a ragged batch p. */
 static int fa_i_varlen_class(const fa_params *p, int b)
@@ -7106,7 +7107,8 @@ static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
     a.total_q = p->total_q, a.total_k = p->total_k, a.max_q = p->seqlen_q, a.max_k = p->seqlen_k;
     a.fill_o.base = run.o, a.fill_o.l = run.o_layout, a.fill_o.heads = p->heads_q;
     a.fill_o.d = p->head_dim_v, a.fill_o.dtype = run.o_dtype;
-    a.lse = p->lse;
+    a.fill_lse.base = p->lse, a.fill_lse.l.head = p->total_q, a.fill_lse.l.seq = 1;
+    a.fill_lse.heads = p->heads_q, a.fill_lse.d = 1, a.fill_lse.dtype = FA_DTYPE_F32;
     ws = (char *)(((uintptr_t)call->workspace + 63) & ~(uintptr_t)63);
     a.seq_maps = (fa_i_tma_maps *)ws;
     a.seqs = (fa_i_fa3_seq *)(a.seq_maps + p->batch);

@@ -68,9 +68,14 @@ class VarlenProblem:
             p.tables_on_device, p.total_q, p.total_k = 1, max(self.tq, 1), max(self.tk, 1)
         return p
 
+    def forward_tensors(self, o_value=None):
+        """q, k, v and an O to write (filled with o_value, else poisoned)."""
+        o = None if o_value is None else np.full((self.tq, self.hq, self.dv), o_value)
+        return {"q": self.tensor(self.tq, self.hq, self.q), "k": self.tensor(self.tk, self.hkv, self.k),
+                "v": self.tensor(self.tk, self.hkv, self.v, True), "o": self.tensor(self.tq, self.hq, o, True)}
+
     def forward(self, backend="fa2"):
-        t = {"q": self.tensor(self.tq, self.hq, self.q), "k": self.tensor(self.tk, self.hkv, self.k),
-             "v": self.tensor(self.tk, self.hkv, self.v, True), "o": self.tensor(self.tq, self.hq, None, True)}
+        t = self.forward_tensors()
         lse = np.full((self.hq, max(self.tq, 1)), np.nan, np.float32)
         status = fa.call_forward(backend, self.params(t, lse))
         return status, t["o"].values()[0][:self.tq], lse[:, :self.tq].astype(np.float64)
@@ -413,9 +418,7 @@ case("gpu_varlen_graph_capture", gpu_varlen_graph_capture)
 
 def _varlen_bad(mutate, expected, backends=("fa2", "ref", "gpu")):
     prob = VarlenProblem(rng_for("varlen_bad"), [5, 7], [6, 8])
-    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
-         "v": prob.tensor(prob.tk, prob.hkv, prob.v),
-         "o": prob.tensor(prob.tq, prob.hq, np.full((prob.tq, prob.hq, prob.d), 7.0))}
+    t = prob.forward_tensors(7.0)
     lse = np.full((prob.hq, prob.tq), 7.0, np.float32)
     p = prob.params(t, lse)
     keep = mutate(p, prob)
@@ -494,9 +497,7 @@ def _device_offsets_bad(mutate, nan_seqs, kept_seqs, check_lse=True):
                          head_dim=128, dtype="bf16", device_offsets=True)
     status, good_o, good_lse = prob.forward("gpu")
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
-    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
-         "v": prob.tensor(prob.tk, prob.hkv, prob.v, True),
-         "o": prob.tensor(prob.tq, prob.hq, np.full((prob.tq, prob.hq, prob.dv), 7.0), True)}
+    t = prob.forward_tensors(7.0)
     lse = np.full((prob.hq, prob.tq), 7.0, np.float32)
     p = prob.params(t, lse)
     keep = mutate(p)
@@ -562,8 +563,7 @@ def gpu_varlen_device_offsets_graph():
                          causal=True, head_dim=128, dtype="bf16", device_offsets=True)
     cu_q2 = np.array([0, 50, 100, 265, 465], np.int32)
     cu_k2 = np.array([0, 100, 207, 272, 522], np.int32)
-    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
-         "v": prob.tensor(prob.tk, prob.hkv, prob.v, True), "o": prob.tensor(prob.tq, prob.hq, None, True)}
+    t = prob.forward_tensors()
     o1 = prob.tensor(prob.tq, prob.hq, None, True)
     lse1 = np.full((prob.hq, prob.tq), np.nan, np.float32)
     lse2 = np.full((prob.hq, prob.tq), np.nan, np.float32)
@@ -600,8 +600,7 @@ def gpu_varlen_device_offsets_refused():
     status, dq, dk, dv = prob.backward(o, lse, "gpu")
     assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
     assert all(np.isnan(g).all() for g in (dq, dk, dv)), "a gradient was written"
-    t = {"q": prob.tensor(prob.tq, prob.hq, prob.q), "k": prob.tensor(prob.tk, prob.hkv, prob.k),
-         "v": prob.tensor(prob.tk, prob.hkv, prob.v, True), "o": prob.tensor(prob.tq, prob.hq, None, True)}
+    t = prob.forward_tensors()
     short_lse = np.full((prob.hq, prob.tq), np.nan, np.float32)
     p = prob.params(t, short_lse)
     need = fa.GPU.fa_test_gpu_forward_workspace_size(ctypes.byref(p))

@@ -217,16 +217,20 @@ typedef struct fa_params {
        longer than its content). Empty sequences are allowed. total_q,
        total_k: the packed tensors' rows; 0 means cu_seqlens_q[B] and
        cu_seqlens_k[B] (host offsets), else the offsets must stay within.
-       tables_on_device (GPU forward on the FA3 kernel: Hopper, d = 64, 128,
-       256; else FA_ERR_UNSUPPORTED): the three arrays in device memory,
-       read by the kernels alone (no host copy, no wait; a CUDA graph's
-       replays read them as they are then); total_q and total_k required
-       (at least 1).
+       tables_on_device (GPU, Hopper's FA3 kernels: the forward without a
+       forced split; the atomic-mode backward without accumulate_grads or
+       grads_f32, at the head dims it runs on FA3, all but d <= 32 and
+       129 .. 160; else FA_ERR_UNSUPPORTED): the three arrays in device
+       memory, read by the kernels alone (no host copy, no wait; a CUDA
+       graph's replays read them as they are then); total_q and total_k
+       required (at least 1).
        Nothing checks them on the host: the kernels read and write only
-       rows below the totals, and a sequence whose offsets are out of
-       order, past a total or its bound, or whose seqused_k is past its
-       span gets O and LSE rows of NaN where its query rows lie within
-       total_q (nothing, where they do not). */
+       rows below the totals. A sequence whose offsets are past a total
+       or its bound, or whose seqused_k is past its span, gets NaN in its
+       rows (O and LSE; dQ, and dK and dV of its key span). From the first
+       sequence whose query offsets (backward: or key offsets) are out of
+       order or past the totals on, nothing is written: its rows could
+       overlap another's. */
     const int32_t *cu_seqlens_q;
     const int32_t *cu_seqlens_k;
     const int32_t *seqused_k;
@@ -2778,8 +2782,8 @@ static fa_status fa_i_varlen_check(const fa_params *p, fa_pass pass, int *total_
 {
     int b;
     if (p->tables_on_device)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the GPU forward on "
-                         "Hopper's FA3 kernel only");
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: Hopper's FA3 "
+                         "kernels only (the GPU path)");
     for (b = 0; b < p->batch; ++b) {
         const int64_t nq = (int64_t)p->cu_seqlens_q[b + 1] - p->cu_seqlens_q[b];
         const int64_t nk = (int64_t)p->cu_seqlens_k[b + 1] - p->cu_seqlens_k[b];

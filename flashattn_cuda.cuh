@@ -1322,6 +1322,22 @@ static __host__ __device__ __forceinline__ int fa_i_fa3_block_order(int causal, 
     return !causal ? r : (r & 1) ? r >> 1 : blocks_m - 1 - (r >> 1);
 }
 
+/* A ragged batch's FA3 forward tile item: head h and the r-th of its
+   blocks_m query blocks in the schedule's order. */
+static __host__ __device__ __forceinline__ int fa_i_fa3_tile_item(int h, int r, int blocks_m,
+                                                                  int causal)
+{
+    return (int)((uint32_t)h << 16 | (uint32_t)fa_i_fa3_block_order(causal, r, blocks_m));
+}
+
+/* A sequence's 64-row blocks in the ragged backward's dQ accumulator: its
+   nq rows from a multiple of 128 (a 64-row block is one sequence's, in the
+   MMA order fa_i_bwd_postprocess reads). */
+static __host__ __device__ __forceinline__ int fa_i_varlen_acc_blocks(int nq)
+{
+    return (nq + 127) / 128 * 2;
+}
+
 /* Of a grid of (blocks, heads, batch) CTAs whose blocks differ in work
    (causal masking): this CTA's rank among its head's blocks (0 starts
    first), head and batch. Blocks start roughly in launch order (x
@@ -3811,46 +3827,67 @@ static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_row
 
 #if FA_I_SM90
 /* A ragged batch whose offsets are in device memory (tables_on_device):
-   the FA3 forward's schedule made on the device by two launches before
-   it, so the call neither copies nor waits on the host.
-   fa_i_varlen_order (one CTA) finds where the query offsets stop being
-   in order (no sequence from there on is placed: its rows could overlap
-   another's) and sorts the sequences by their work class, largest first
-   (a counting sort; the host's schedule orders them the same way): each
-   sequence's first item in the tile list, and the tile count the forward
-   reads. fa_i_varlen_sequences (a CTA per sequence in turn) writes a
-   sequence's entry, its tiles and its tensor maps: the template's (the
-   packed tensors from row 0) with its first row and row count put in by
-   tensormap.replace in shared memory, copied out with the release fence
-   the forward's acquire pairs with. A sequence that runs no tile gets its
-   O and LSE rows filled: 0 and -inf without keys, NaN where its other
-   offsets or seqused_k are out of range (fa_i_varlen_at). */
+   the FA3 forward's or backward's schedule made on the device by two
+   launches before the kernel, so the call neither copies nor waits on the
+   host. fa_i_varlen_order (one CTA) finds the first sequence not placed
+   (its query offsets, or in the backward its key offsets, out of order or
+   past the totals: its rows could overlap another's, so nothing is written
+   from it on) and sorts the placed sequences by their work class, largest
+   first (a counting sort; the host's schedule orders them the same way):
+   each sequence's first item, the item count the forward reads and, in the
+   backward, each sequence's first block of the dQ accumulator.
+   fa_i_varlen_sequences (a CTA per sequence in turn) writes a sequence's
+   entry, its items, its accumulator blocks' rows (backward) and its tensor
+   maps: the template's (the packed tensors from row 0) with its first row
+   and row count put in by tensormap.replace in shared memory, copied out
+   with the release fence the kernel's acquire pairs with. It fills the rows
+   no kernel writes (fa_i_varlen_fill). The backward's grid and
+   postprocess run to bounds: the items and accumulator rows past the
+   schedule's are set before (sequence -1: the CTA returns; 0 rows). */
 #define FA_I_VARLEN_ORDER_THREADS 1024
 #define FA_I_VARLEN_SEQ_THREADS 256
+enum { FA_I_FILL_O, FA_I_FILL_LSE };                   /* the forward's fills */
+enum { FA_I_FILL_DQ, FA_I_FILL_DK, FA_I_FILL_DV };     /* the backward's */
 typedef struct fa_i_varlen_dev_args {
-    fa_i_tma_maps tmpl;   /* q, k, v, o over the packed tensors from row 0 */
-    const char *base[4];  /* q, k, v, o: their row 0 */
-    int64_t row_bytes[4]; /* and the bytes from a row to the next */
+    /* q, k, v, then o (forward) or dout (backward): maps over the packed
+       tensors from row 0, their row 0, and the bytes from a row to the next */
+    CUtensorMap tmpl[4];
+    const char *base[4];
+    int64_t row_bytes[4];
     const int32_t *cu_q, *cu_k, *used;
-    int batch, heads_q, rows, causal; /* rows: the forward's query tile */
+    int batch, heads_q, causal;
+    int backward; /* items {sequence, first key} of key blocks, else query tiles */
+    int rows;     /* of an item: the forward's query tile, the backward's key tile */
     int total_q, total_k, max_q, max_k;
-    /* O and the LSE ([Hq, total_q], base NULL without one): base, layout,
-       heads, d, dtype (rows, value: per sequence) */
-    fa_i_fill_args fill_o, fill_lse;
-    /* the workspace: per sequence its maps, entry and first tile item; the
-       control words {tile count, first sequence not placed}; the tile list */
-    fa_i_tma_maps *seq_maps;
+    /* the tensors whose rows are filled (fa_i_varlen_fill; the LSE
+       [Hq, total_q], base NULL without one): base, layout, heads, d, dtype */
+    fa_i_fill_args fill[3];
+    /* the workspace (fa_i_varlen_dev_workspace): per sequence its maps
+       (map_bytes apart: the kernel's struct, whose first four members are
+       the maps, in tmpl's order), entry, first item and first accumulator
+       block; the control words {item count, first sequence not placed};
+       the items; the accumulator blocks' {first row, rows} */
+    char *seq_maps;
+    int map_bytes;
     fa_i_fa3_seq *seqs;
-    int *item0, *ctl;
-    int2 *tiles;
+    int *item0, *acc0, *ctl;
+    int2 *items, *acc_rows;
 } fa_i_varlen_dev_args;
 
-enum { FA_I_SEQ_NONE, FA_I_SEQ_RUNS, FA_I_SEQ_NO_KEYS, FA_I_SEQ_BAD };
+enum { FA_I_SEQ_NONE, FA_I_SEQ_RUNS, FA_I_SEQ_NO_QUERIES, FA_I_SEQ_NO_KEYS, FA_I_SEQ_BAD };
 
-/* Sequence b's entry (*e) and what becomes of it: its tiles run, its rows
-   are filled (NO_KEYS, BAD), or nothing (NONE: no query rows, or b at or
-   past `unplaced`, the first sequence whose query offsets are out of
-   order or past total_q). */
+/* Whether sequence b's offsets stop the placing (fa_i_varlen_order). */
+static __device__ int fa_i_varlen_misplaced(const fa_i_varlen_dev_args *a, int b)
+{
+    return a->cu_q[b] < 0 || a->cu_q[b + 1] < a->cu_q[b] || a->cu_q[b + 1] > a->total_q ||
+           (a->backward &&
+            (a->cu_k[b] < 0 || a->cu_k[b + 1] < a->cu_k[b] || a->cu_k[b + 1] > a->total_k));
+}
+
+/* Sequence b's entry (*e) and what becomes of it: its items run, its rows
+   are filled (NO_QUERIES in the backward, NO_KEYS, BAD: other offsets, its
+   length or seqused_k out of range), or nothing (NONE: b at or past
+   `unplaced`, the first sequence fa_i_varlen_misplaced stops at). */
 static __device__ int fa_i_varlen_at(const fa_i_varlen_dev_args *a, int b, int unplaced,
                                      fa_i_fa3_seq *e)
 {
@@ -3858,18 +3895,19 @@ static __device__ int fa_i_varlen_at(const fa_i_varlen_dev_args *a, int b, int u
     const int used = a->used ? a->used[b] : k1 - k0;
     e->q0 = q0, e->k0 = k0, e->nq = q1 - q0, e->nk = used, e->acc0 = e->pad = 0;
     e->lse0 = q0, e->pages0 = 0;
-    if (b >= unplaced || q1 == q0) return FA_I_SEQ_NONE;
+    if (b >= unplaced) return FA_I_SEQ_NONE;
     if (q1 - q0 > a->max_q || k0 < 0 || k1 < k0 || k1 > a->total_k || k1 - k0 > a->max_k ||
         used < 0 || used > k1 - k0)
         return FA_I_SEQ_BAD;
-    return used ? FA_I_SEQ_RUNS : FA_I_SEQ_NO_KEYS;
+    return q1 == q0 ? FA_I_SEQ_NO_QUERIES : used ? FA_I_SEQ_RUNS : FA_I_SEQ_NO_KEYS;
 }
 
-/* A running sequence's query blocks a head. */
-static __device__ __forceinline__ int fa_i_varlen_dev_blocks(const fa_i_varlen_dev_args *a,
-                                                             const fa_i_fa3_seq *e)
+/* A running sequence's items: its key blocks, or its query tiles of every head. */
+static __device__ __forceinline__ int fa_i_varlen_dev_items(const fa_i_varlen_dev_args *a,
+                                                            const fa_i_fa3_seq *e)
 {
-    return (e->nq + a->rows - 1) / a->rows;
+    return a->backward ? (e->nk + a->rows - 1) / a->rows
+                       : (e->nq + a->rows - 1) / a->rows * a->heads_q;
 }
 
 /* Rows [r0, r0 + rows) of every head of f's tensor set to value, by the CTA. */
@@ -3881,23 +3919,45 @@ static __device__ void fa_i_fill_rows_cta(fa_i_fill_args f, int r0, int rows, fl
     for (i = threadIdx.x; i < (int64_t)rows * f.heads * f.d; i += blockDim.x) fa_i_fill_at(&f, i);
 }
 
+/* The rows of sequence b (entry e, fa_i_varlen_at's answer st) no kernel
+   writes: the forward's O = 0 and LSE = -inf without keys; the backward's
+   dQ = 0 without keys, dK = dV = 0 of the keys past seqused_k (all of
+   them without queries or keys); NaN in all of them where st is BAD. */
+static __device__ void fa_i_varlen_fill(const fa_i_varlen_dev_args *a, int b, int st,
+                                        const fa_i_fa3_seq *e)
+{
+    const float nan = __int_as_float(0x7fc00000), value = st == FA_I_SEQ_BAD ? nan : 0.0f;
+    const int seen = st == FA_I_SEQ_RUNS ? e->nk : 0, span = a->cu_k[b + 1] - e->k0;
+    if (st == FA_I_SEQ_NONE) return;
+    if (!a->backward) {
+        if (st != FA_I_SEQ_NO_KEYS && st != FA_I_SEQ_BAD) return;
+        fa_i_fill_rows_cta(a->fill[FA_I_FILL_O], e->q0, e->nq, value);
+        if (a->fill[FA_I_FILL_LSE].base)
+            fa_i_fill_rows_cta(a->fill[FA_I_FILL_LSE], e->q0, e->nq,
+                               st == FA_I_SEQ_BAD ? nan : -INFINITY);
+        return;
+    }
+    if (st == FA_I_SEQ_NO_KEYS || st == FA_I_SEQ_BAD)
+        fa_i_fill_rows_cta(a->fill[FA_I_FILL_DQ], e->q0, e->nq, value);
+    fa_i_fill_rows_cta(a->fill[FA_I_FILL_DK], e->k0 + seen, span - seen, value);
+    fa_i_fill_rows_cta(a->fill[FA_I_FILL_DV], e->k0 + seen, span - seen, value);
+}
+
 static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
     fa_i_varlen_order(const __grid_constant__ fa_i_varlen_dev_args a)
 {
-    __shared__ int next[64], unplaced; /* per class: its next item */
+    __shared__ int next[64], unplaced, acc_next; /* per class: its next item */
     fa_i_fa3_seq e;
     int b, c;
     if (threadIdx.x < 64) next[threadIdx.x] = 0;
-    if (threadIdx.x == 0) unplaced = a.batch;
+    if (threadIdx.x == 0) unplaced = a.batch, acc_next = 0;
     __syncthreads();
     for (b = threadIdx.x; b < a.batch; b += blockDim.x)
-        if (a.cu_q[b] < 0 || a.cu_q[b + 1] < a.cu_q[b] || a.cu_q[b + 1] > a.total_q)
-            atomicMin(&unplaced, b);
+        if (fa_i_varlen_misplaced(&a, b)) atomicMin(&unplaced, b);
     __syncthreads();
     for (b = threadIdx.x; b < a.batch; b += blockDim.x)
         if (fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS)
-            atomicAdd(&next[fa_i_work_class(e.nq, e.nk)],
-                      fa_i_varlen_dev_blocks(&a, &e) * a.heads_q);
+            atomicAdd(&next[fa_i_work_class(e.nq, e.nk)], fa_i_varlen_dev_items(&a, &e));
     __syncthreads();
     if (threadIdx.x == 0) {
         int items = 0;
@@ -3908,27 +3968,27 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
         a.ctl[0] = items, a.ctl[1] = unplaced;
     }
     __syncthreads();
-    for (b = threadIdx.x; b < a.batch; b += blockDim.x)
-        a.item0[b] = fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS
-                         ? atomicAdd(&next[fa_i_work_class(e.nq, e.nk)],
-                                     fa_i_varlen_dev_blocks(&a, &e) * a.heads_q)
-                         : -1;
+    for (b = threadIdx.x; b < a.batch; b += blockDim.x) {
+        const int runs = fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS;
+        a.item0[b] = runs ? atomicAdd(&next[fa_i_work_class(e.nq, e.nk)],
+                                      fa_i_varlen_dev_items(&a, &e))
+                          : -1;
+        if (a.backward)
+            a.acc0[b] = runs ? atomicAdd(&acc_next, fa_i_varlen_acc_blocks(e.nq)) : -1;
+    }
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* Tensor m (q, k, v, o) of sequence e's maps, by one warp through its
-   128-byte staging buffer in shared memory. */
+/* Map m (tmpl's order) of sequence e, by one warp through its 128-byte
+   staging buffer in shared memory. */
 static __device__ void fa_i_varlen_map(const fa_i_varlen_dev_args *a, int m, int b,
                                        const fa_i_fa3_seq *e, CUtensorMap *staged)
 {
     const int lane = threadIdx.x % 32, keys = m == 1 || m == 2;
-    const CUtensorMap *from = m == 0 ? &a->tmpl.q : m == 1 ? &a->tmpl.k : m == 2 ? &a->tmpl.v
-                                                                                  : &a->tmpl.o;
-    fa_i_tma_maps *seq = a->seq_maps + b;
-    CUtensorMap *to = m == 0 ? &seq->q : m == 1 ? &seq->k : m == 2 ? &seq->v : &seq->o;
+    CUtensorMap *to = (CUtensorMap *)(a->seq_maps + (int64_t)b * a->map_bytes) + m;
     const uint32_t at = fa_i_smem_addr(staged);
     const char *row0 = a->base[m] + (int64_t)(keys ? e->k0 : e->q0) * a->row_bytes[m];
-    if (lane < 16) ((uint64_t *)staged)[lane] = ((const uint64_t *)from)[lane];
+    if (lane < 16) ((uint64_t *)staged)[lane] = ((const uint64_t *)&a->tmpl[m])[lane];
     __syncwarp();
     if (lane == 0) {
         asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(at),
@@ -3954,24 +4014,25 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_SEQ_THREADS)
     __shared__ __align__(128) CUtensorMap staged[4];
     const int unplaced = a.ctl[1], warp = threadIdx.x / 32;
     fa_i_fa3_seq e;
-    int b;
+    int b, i;
     for (b = blockIdx.x; b < a.batch; b += gridDim.x) {
         const int st = fa_i_varlen_at(&a, b, unplaced, &e);
         if (st == FA_I_SEQ_RUNS) {
-            const int blocks = fa_i_varlen_dev_blocks(&a, &e), first = a.item0[b];
-            int i;
+            const int n = fa_i_varlen_dev_items(&a, &e), first = a.item0[b];
+            const int blocks = (e.nq + a.rows - 1) / a.rows; /* forward: a head's */
+            if (a.backward) e.acc0 = a.acc0[b];
             if (threadIdx.x == 0) a.seqs[b] = e;
-            for (i = threadIdx.x; i < blocks * a.heads_q; i += blockDim.x)
-                a.tiles[first + i] =
-                    make_int2(b, (int)((uint32_t)(i / blocks) << 16 |
-                                       (uint32_t)fa_i_fa3_block_order(a.causal, i % blocks, blocks)));
+            for (i = threadIdx.x; i < n; i += blockDim.x)
+                a.items[first + i] =
+                    make_int2(b, a.backward ? i * a.rows
+                                            : fa_i_fa3_tile_item(i / blocks, i % blocks, blocks,
+                                                                 a.causal));
+            for (i = threadIdx.x; a.backward && i < fa_i_varlen_acc_blocks(e.nq);
+                 i += blockDim.x)
+                a.acc_rows[e.acc0 + i] = make_int2(e.q0 + 64 * i, e.nq - 64 * i);
             if (warp < 4) fa_i_varlen_map(&a, warp, b, &e, &staged[warp]);
-        } else if (st != FA_I_SEQ_NONE) { /* no keys: 0 and -inf; bad: NaN */
-            const float nan = __int_as_float(0x7fc00000);
-            fa_i_fill_rows_cta(a.fill_o, e.q0, e.nq, st == FA_I_SEQ_NO_KEYS ? 0.0f : nan);
-            if (a.fill_lse.base)
-                fa_i_fill_rows_cta(a.fill_lse, e.q0, e.nq, st == FA_I_SEQ_NO_KEYS ? -INFINITY : nan);
         }
+        fa_i_varlen_fill(&a, b, st, &e);
     }
 #else
     (void)a;
@@ -5065,6 +5126,9 @@ static __global__ void __launch_bounds__(256, 1)
     int first, last, blocks, steps, step, i, h_at, r_at;
     int sh = 0, sb = 0; /* this step's head of the group and block */
 
+#if FA_I_BWD_VARLEN
+    if (FA_I_BWD_SEQ_INDEX(args) < 0) return; /* past a schedule made on the device */
+#endif
     FA_I_BWD_VIEW();
     fa_i_rows_seeing_keys(&FA_I_BWD_SEQ, c0, min(c0 + BN, FA_I_BWD_SEQ.seqlen_k), &first, &last);
     blocks = first <= last ? last / BM - first / BM + 1 : 0;
@@ -6740,26 +6804,13 @@ typedef struct fa_i_varlen_stage {
     cudaStream_t stream;
 } fa_i_varlen_stage;
 
-
-/* The same for sequence b of a ragged batch p. */
+/* The work class (fa_i_work_class) of sequence b of a ragged batch p. */
 static int fa_i_varlen_class(const fa_params *p, int b)
 {
     int nq, nk;
     fa_i_varlen_sequence(p, b, &nq, &nk);
     return fa_i_work_class(nq, nk);
 }
-
-/* A forward tile's item: head h and the r-th of its blocks_m query blocks
-   in the schedule's order. */
-static int fa_i_fa3_tile_item(int h, int r, int blocks_m, int causal)
-{
-    return (int)((uint32_t)h << 16 | (uint32_t)fa_i_fa3_block_order(causal, r, blocks_m));
-}
-
-/* A sequence's 64-row blocks in the varlen backward's dQ accumulator: its
-   nq rows from a multiple of 128 (a 64-row block is one sequence's, in the
-   MMA order fa_i_bwd_postprocess reads). */
-static int fa_i_varlen_acc_blocks(int nq) { return (nq + 127) / 128 * 2; }
 
 /* The workspace a one-launch call needs: the maps (map_bytes a sequence,
    64-byte aligned), entries and items. */
@@ -7043,89 +7094,191 @@ static fa_status fa_i_varlen_fa3_bwd(const fa_params *p, fa_i_seq_call *call, in
 #endif
 
 #if FA_I_SM90
-/* A ragged batch with its offsets in device memory (tables_on_device): the
-   FA3 forward of the longest sequence the bounds allow (seqlen_q,
-   seqlen_k), on the schedule fa_i_varlen_order and fa_i_varlen_sequences
-   make on the device. The workspace (64-byte aligned) holds per sequence
-   its maps, entry and first item, then the two control words and the tile
-   list, for at most Hq (total_q / rows + B) tiles (every sequence's last
-   query tile partial). */
-static size_t fa_i_varlen_dev_bytes(int batch, int64_t tiles)
+/* Carves n bytes, 64-byte aligned (tensor maps, float4 rows), at *at of a
+   workspace from base (NULL: only counted). */
+static void *fa_i_carve(char *base, size_t *at, size_t n)
 {
-    return 64 + (sizeof(fa_i_tma_maps) + sizeof(fa_i_fa3_seq)) * batch +
-           sizeof(int) * ((batch + 3) & ~1) + sizeof(int2) * tiles;
+    void *r;
+    *at = (*at + 63) & ~(size_t)63;
+    r = base ? base + *at : NULL;
+    *at += n;
+    return r;
 }
 
+/* The workspace of a schedule made on the device (ws NULL: only counted):
+   the backward's D ([Hq, total_q]) and dQ accumulator, then a's arrays
+   (fa_i_varlen_dev_args) for `items` items and `acc_blocks` accumulator
+   blocks. Its bytes, with 64 for the alignment of ws. */
+static size_t fa_i_varlen_dev_workspace(fa_i_varlen_dev_args *a, void *ws, int64_t items,
+                                        int64_t acc_blocks, size_t acc_floats, fa_i_bwd_args *ba)
+{
+    char *base = ws ? (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63) : NULL;
+    size_t at = 0;
+    const size_t dsum_floats = a->backward ? fa_i_round4((size_t)a->heads_q * a->total_q) : 0;
+    ba->dsum = (float *)fa_i_carve(base, &at, sizeof(float) * dsum_floats);
+    ba->dq_acc = (float *)fa_i_carve(base, &at, sizeof(float) * acc_floats);
+    a->seq_maps = (char *)fa_i_carve(base, &at, (size_t)a->map_bytes * a->batch);
+    a->seqs = (fa_i_fa3_seq *)fa_i_carve(base, &at, sizeof(fa_i_fa3_seq) * a->batch);
+    a->item0 = (int *)fa_i_carve(base, &at, sizeof(int) * a->batch);
+    a->acc0 = (int *)fa_i_carve(base, &at, sizeof(int) * a->batch);
+    a->ctl = (int *)fa_i_carve(base, &at, sizeof(int) * 2);
+    a->items = (int2 *)fa_i_carve(base, &at, sizeof(int2) * (size_t)items);
+    a->acc_rows = (int2 *)fa_i_carve(base, &at, sizeof(int2) * (size_t)acc_blocks);
+    return 64 + at;
+}
+
+/* The FA3 kernel's four tensors (q, k, v, o or dout) for fa_i_varlen_map:
+   their row 0 and the bytes between rows. */
+static void fa_i_varlen_dev_tensors(fa_i_varlen_dev_args *a, const fa_params *run, int backward)
+{
+    const void *t[4] = {run->q, run->k, run->v, backward ? run->dout : run->o};
+    const fa_layout *l[4] = {&run->q_layout, &run->k_layout, &run->v_layout,
+                             backward ? &run->dout_layout : &run->o_layout};
+    int m;
+    for (m = 0; m < 4; ++m) {
+        const fa_dtype dt = m == 3 && !backward ? run->o_dtype : run->dtype;
+        a->base[m] = (const char *)t[m];
+        a->row_bytes[m] = l[m]->seq * (int64_t)fa_dtype_size(dt);
+    }
+}
+
+/* The rows fa_i_varlen_fill may set in tensor f: [Hq or Hkv, total rows]. */
+static void fa_i_varlen_fill_of(fa_i_fill_args *f, void *base, const fa_layout *l, int heads,
+                                int d, fa_dtype dtype)
+{
+    memset(f, 0, sizeof *f);
+    f->base = base, f->l = *l, f->heads = heads, f->d = d, f->dtype = dtype;
+}
+
+/* A ragged batch with its offsets in device memory (tables_on_device): the
+   FA3 forward, or backward (atomic mode, 16-bit gradients), of the longest
+   sequence the bounds allow (seqlen_q, seqlen_k), on the schedule
+   fa_i_varlen_order and fa_i_varlen_sequences make on the device. Bounds
+   on the items every sequence's last tile or key block partial: Hq
+   (total_q / rows + B) query tiles, total_k / keys + B key blocks, 2
+   (total_q / 128 + B) accumulator blocks a head. */
 static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
 {
-    fa_params whole = *p, run, longest;
+    const int bwd = call->pass == FA_PASS_BACKWARD;
+    fa_params whole = *p, run, longest, rows;
     const fa_i_kernels *ks;
     const fa_i_kernel *k = NULL;
     fa_i_device dev;
     fa_i_varlen_dev_args a;
     fa_i_tma_maps maps;
-    int64_t bound;
-    char *ws;
+    fa_i_fa3_bwd_args args;
+    int64_t items, acc_blocks = 0;
+    size_t acc_floats = 0;
     fa_status s;
-    if (call->pass == FA_PASS_BACKWARD || p->num_splits > 1)
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the forward, with "
-                         "no forced split");
+    if (bwd ? call->deterministic || p->accumulate_grads || p->grads_f32 : p->num_splits > 1)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the forward with no "
+                         "forced split, the atomic-mode backward without accumulate_grads or "
+                         "grads_f32");
     /* the packed tensors as one sequence of the totals' rows: checked, and
        the template maps' tensors */
     whole.cu_seqlens_q = whole.cu_seqlens_k = whole.seqused_k = NULL;
     whole.tables_on_device = 0, whole.total_q = whole.total_k = 0;
     whole.batch = 1, whole.seqlen_q = p->total_q, whole.seqlen_k = p->total_k;
-    if ((s = fa_i_cuda_check(&whole, FA_PASS_FORWARD, 0, &run, &ks, &dev)) != FA_OK) return s;
+    if ((s = fa_i_cuda_check(&whole, call->pass, 0, &run, &ks, &dev)) != FA_OK) return s;
     longest = run, longest.seqlen_q = p->seqlen_q, longest.seqlen_k = p->seqlen_k;
-    ks = fa_i_find_kernels(fa_i_tile_head_dim(&run), run.dtype, FA_PASS_FORWARD, FA_I_FA3_FIRST,
-                           &dev);
-    if (ks) k = fa_i_fa3_pick(&longest, ks);
-    if (!k || !fa_i_fa3_compiled(k->fn, k->smem, &dev) || !fa_i_fa3_maps(&run, k, &maps))
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the FA3 forward "
+    memset(&a, 0, sizeof a);
+    memset(&maps, 0, sizeof maps);
+    memset(&args, 0, sizeof args);
+    if (bwd) {
+        k = &ks->fa3_bwd_varlen;
+        if (!fa_i_fa3_bwd_ready(&run, k, &dev, &args)) k = NULL;
+        a.tmpl[0] = args.q, a.tmpl[1] = args.k, a.tmpl[2] = args.v, a.tmpl[3] = args.dout;
+    } else {
+        ks = fa_i_find_kernels(fa_i_tile_head_dim(&run), run.dtype, FA_PASS_FORWARD,
+                               FA_I_FA3_FIRST, &dev);
+        if (ks) k = fa_i_fa3_pick(&longest, ks);
+        if (k && (!fa_i_fa3_compiled(k->fn, k->smem, &dev) || !fa_i_fa3_maps(&run, k, &maps)))
+            k = NULL;
+        a.tmpl[0] = maps.q, a.tmpl[1] = maps.k, a.tmpl[2] = maps.v, a.tmpl[3] = maps.o;
+    }
+    if (!k)
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: the FA3 kernels "
                          "only (an sm_90a build on compute capability 9.0)");
-    bound = (int64_t)p->heads_q * (p->total_q / k->rows + p->batch);
-    if (fa_i_blocks(p->seqlen_q, k->rows) > 0xffff || bound > 0x7fffffff) /* the items' fields */
+    a.backward = bwd, a.rows = bwd ? k->keys : k->rows;
+    a.cu_q = p->cu_seqlens_q, a.cu_k = p->cu_seqlens_k, a.used = p->seqused_k;
+    a.batch = p->batch, a.heads_q = p->heads_q, a.causal = p->causal;
+    a.total_q = p->total_q, a.total_k = p->total_k, a.max_q = p->seqlen_q, a.max_k = p->seqlen_k;
+    a.map_bytes = bwd ? (int)sizeof(fa_i_fa3_bwd_args) : (int)sizeof(fa_i_tma_maps);
+    items = bwd ? p->total_k / k->keys + p->batch
+                : (int64_t)p->heads_q * (p->total_q / k->rows + p->batch);
+    if (bwd) {
+        acc_blocks = 2 * ((int64_t)p->total_q / 128 + p->batch);
+        acc_floats = (size_t)p->heads_q * acc_blocks * 64 * ks->head_dim;
+    }
+    if ((!bwd && fa_i_blocks(p->seqlen_q, k->rows) > 0xffff) || items > 0x7fffffff ||
+        acc_blocks * 64 > 0x7fffffff) /* the items' fields, the accumulator's rows */
         return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: seqlen_q %d, "
-                         "total_q %d: past the tile list's fields", p->seqlen_q, p->total_q);
-    call->need = fa_i_varlen_dev_bytes(p->batch, bound), call->algorithm = 3;
+                         "total_q %d, total_k %d: past the schedule's fields", p->seqlen_q,
+                         p->total_q, p->total_k);
+    call->need = fa_i_varlen_dev_workspace(&a, NULL, items, acc_blocks, acc_floats, &args.a);
+    call->algorithm = 3;
     if (!call->run) return FA_OK;
     if (!call->workspace || call->workspace_size < call->need)
         return fa_i_fail(FA_ERR_WORKSPACE, "varlen with tables_on_device needs %zu bytes of "
-                         "workspace (fa_cuda_forward_workspace_size)", call->need);
-    if ((s = fa_i_check_aliasing(&run, FA_PASS_FORWARD, call->workspace, call->need)) != FA_OK)
+                         "workspace (fa_cuda_%s_workspace_size)", call->need,
+                         bwd ? "backward" : "forward");
+    if ((s = fa_i_check_aliasing(&run, call->pass, call->workspace, call->need)) != FA_OK)
         return s;
-    memset(&a, 0, sizeof a);
-    a.tmpl = maps;
-    a.base[0] = (const char *)run.q, a.base[1] = (const char *)run.k;
-    a.base[2] = (const char *)run.v, a.base[3] = (const char *)run.o;
-    a.row_bytes[0] = run.q_layout.seq * (int64_t)fa_dtype_size(run.dtype);
-    a.row_bytes[1] = run.k_layout.seq * (int64_t)fa_dtype_size(run.dtype);
-    a.row_bytes[2] = run.v_layout.seq * (int64_t)fa_dtype_size(run.dtype);
-    a.row_bytes[3] = run.o_layout.seq * (int64_t)fa_dtype_size(run.o_dtype);
-    a.cu_q = p->cu_seqlens_q, a.cu_k = p->cu_seqlens_k, a.used = p->seqused_k;
-    a.batch = p->batch, a.heads_q = p->heads_q, a.rows = k->rows, a.causal = p->causal;
-    a.total_q = p->total_q, a.total_k = p->total_k, a.max_q = p->seqlen_q, a.max_k = p->seqlen_k;
-    a.fill_o.base = run.o, a.fill_o.l = run.o_layout, a.fill_o.heads = p->heads_q;
-    a.fill_o.d = p->head_dim_v, a.fill_o.dtype = run.o_dtype;
-    a.fill_lse.base = p->lse, a.fill_lse.l.head = p->total_q, a.fill_lse.l.seq = 1;
-    a.fill_lse.heads = p->heads_q, a.fill_lse.d = 1, a.fill_lse.dtype = FA_DTYPE_F32;
-    ws = (char *)(((uintptr_t)call->workspace + 63) & ~(uintptr_t)63);
-    a.seq_maps = (fa_i_tma_maps *)ws;
-    a.seqs = (fa_i_fa3_seq *)(a.seq_maps + p->batch);
-    a.item0 = (int *)(a.seqs + p->batch), a.ctl = a.item0 + p->batch;
-    a.tiles = (int2 *)(a.item0 + ((p->batch + 3) & ~1));
-    memset(&maps, 0, sizeof maps);
-    maps.seq_maps = a.seq_maps, maps.seqs = a.seqs, maps.tiles = a.tiles;
-    maps.num_tiles = (int)bound, maps.tile_count = a.ctl, maps.lse_head = p->total_q;
-    run.lse = p->lse;
+    fa_i_varlen_dev_workspace(&a, call->workspace, items, acc_blocks, acc_floats, &args.a);
+    fa_i_varlen_dev_tensors(&a, &run, bwd);
+    if (bwd) {
+        const fa_dtype gt = fa_i_grad_dtype(&run);
+        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_DQ], run.dq, &run.dq_layout, p->heads_q,
+                            p->head_dim, gt);
+        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_DK], run.dk, &run.dk_layout, p->heads_kv,
+                            p->head_dim, gt);
+        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_DV], run.dv, &run.dv_layout, p->heads_kv,
+                            p->head_dim_v, gt);
+    } else {
+        const fa_layout lse_l = {0, p->total_q, 1}; /* batch, head, seq strides */
+        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_O], run.o, &run.o_layout, p->heads_q,
+                            p->head_dim_v, run.o_dtype);
+        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_LSE], p->lse, &lse_l, p->heads_q, 1,
+                            FA_DTYPE_F32);
+    }
+    if (bwd) { /* D over the packed rows; the accumulator, items and rows past the schedule's */
+        float *acc = args.a.dq_acc;
+        args.a.acc_d = ks->head_dim, args.a.dq_acc = NULL;
+        s = fa_i_bwd_pre(&run, &args.a, call->stream);
+        args.a.dq_acc = acc;
+        if (s == FA_OK && (cudaMemsetAsync(acc, 0, sizeof(float) * acc_floats, call->stream) !=
+                               cudaSuccess ||
+                           cudaMemsetAsync(a.items, 0xff, sizeof(int2) * items, call->stream) !=
+                               cudaSuccess ||
+                           cudaMemsetAsync(a.acc_rows, 0, sizeof(int2) * acc_blocks,
+                                           call->stream) != cudaSuccess))
+            s = fa_i_cuda_error(cudaGetLastError(), "cudaMemsetAsync of the varlen backward's "
+                                "workspace");
+        if (s != FA_OK) return s;
+    }
     if ((s = fa_i_launch((const void *)fa_i_varlen_order, dim3(1), FA_I_VARLEN_ORDER_THREADS, 0,
                          call->stream, &a, NULL)) != FA_OK ||
         (s = fa_i_launch((const void *)fa_i_varlen_sequences,
                          dim3(p->batch < 4 * dev.sms ? p->batch : 4 * dev.sms),
                          FA_I_VARLEN_SEQ_THREADS, 0, call->stream, &a, NULL)) != FA_OK)
         return s;
-    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(bound, &dev)), k->threads, k->smem, call->stream,
-                       &run, &maps);
+    run.lse = p->lse; /* the kernels' params: the packed tensors', the lengths per sequence */
+    if (!bwd) {
+        maps.seq_maps = (const fa_i_tma_maps *)a.seq_maps, maps.seqs = a.seqs;
+        maps.tiles = a.items, maps.num_tiles = (int)items, maps.tile_count = a.ctl;
+        maps.lse_head = p->total_q;
+        return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(items, &dev)), k->threads, k->smem,
+                           call->stream, &run, &maps);
+    }
+    args.seq_maps = (const fa_i_fa3_bwd_args *)a.seq_maps, args.seqs = a.seqs;
+    args.key_blocks = a.items, args.acc_blocks = (int)acc_blocks, args.total_q = p->total_q;
+    if ((s = fa_i_launch(k->fn, dim3((unsigned)items, p->heads_kv, 1), k->threads, k->smem,
+                         call->stream, &run, &args)) != FA_OK)
+        return s;
+    /* dQ: the accumulator as one sequence of acc_blocks 64-row blocks a head */
+    rows = run, rows.seqlen_q = (int)(acc_blocks * 64);
+    args.a.acc_rows = a.acc_rows;
+    return fa_i_bwd_post(&rows, &args.a, call->stream);
 }
 #endif
 

@@ -37,8 +37,7 @@ HEADS, DIM, ROUNDS, REPS = 16, 128, 5, 10
 
 def make_call(lengths, causal, varlen, device_offsets=False):
     """(forward, backward) closures over fresh bf16 inputs; varlen: one packed
-    batch with host cu_seqlens (device_offsets: in device memory, the
-    forward only), else a dense batch of len(lengths) sequences of
+    batch with host cu_seqlens (device_offsets: in device memory), else a dense batch of len(lengths) sequences of
     lengths[0] tokens."""
     total = int(sum(lengths))
     shape = (1, total, HEADS, DIM) if varlen else (len(lengths), lengths[0], HEADS, DIM)
@@ -66,8 +65,7 @@ def make_call(lengths, causal, varlen, device_offsets=False):
         setattr(p, name, t.data_ptr())
     p.lse = lse.data_ptr()
     size = max(fa.GPU.fa_cuda_forward_workspace_size(ctypes.byref(p)),
-               0 if device_offsets else fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0),
-               16)
+               fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0), 16)
     ws = torch.empty(size, device="cuda", dtype=torch.uint8)
     keep += [q, k, v, dout, o, dq, dk, dv, lse, ws]
 
@@ -118,13 +116,14 @@ def main():
         dense_flops = 4.0 * HEADS * DIM * dense_b * dense_n ** 2 / (2 if causal else 1)
         vf, vb = make_call(lengths, causal, True)
         df, db = make_call([dense_n] * dense_b, causal, False)
-        ddf = make_call(lengths, causal, True, device_offsets=True)[0]
-        t = bg.alternating_ms({"vf": vf, "df": df, "vb": vb, "db": db, "ddf": ddf}, ROUNDS, REPS,
-                              0.1)
+        ddf, ddb = make_call(lengths, causal, True, device_offsets=True)
+        t = bg.alternating_ms({"vf": vf, "df": df, "vb": vb, "db": db, "ddf": ddf, "ddb": ddb},
+                              ROUNDS, REPS, 0.1)
         med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
         r = dict(causal=causal, v_fwd=flops / med["vf"] * 1e-9, d_fwd=dense_flops / med["df"] * 1e-9,
                  dev_fwd=flops / med["ddf"] * 1e-9, host_dev=host_ms(ddf),
                  v_bwd=2.5 * flops / med["vb"] * 1e-9, d_bwd=2.5 * dense_flops / med["db"] * 1e-9,
+                 dev_bwd=2.5 * flops / med["ddb"] * 1e-9, host_dev_bwd=host_ms(ddb),
                  ms_fwd=med["vf"], ms_bwd=med["vb"], host_fwd=host_ms(vf), host_bwd=host_ms(vb))
         rows.append(r)
         print(r, flush=True)
@@ -137,18 +136,19 @@ def main():
         f"{max(lengths)}; dense: {dense_b} x {dense_n} (the same FLOPs); bf16, H = {HEADS}, "
         f"d = {DIM}; TFLOP/s",
         "",
-        "\"device offsets\": the forward with cu_seqlens in device memory (tables_on_device), "
-        "its schedule made on the GPU.",
+        "\"device offsets\": cu_seqlens in device memory (tables_on_device), the schedule "
+        "made on the GPU.",
         "",
         "| causal | varlen fwd | dense fwd | ratio | varlen fwd, device offsets | ratio | "
-        "varlen bwd | dense bwd | ratio | fwd ms GPU / host (device offsets: host) | "
-        "bwd ms GPU / host |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "varlen bwd | dense bwd | ratio | varlen bwd, device offsets | ratio | "
+        "fwd ms GPU / host (device offsets: host) | bwd ms GPU / host (device offsets: host) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ] + [f"| {'yes' if r['causal'] else 'no'} | {r['v_fwd']:.0f} | {r['d_fwd']:.0f} | "
          f"{r['v_fwd'] / r['d_fwd']:.2f} | {r['dev_fwd']:.0f} | {r['dev_fwd'] / r['d_fwd']:.2f} | "
          f"{r['v_bwd']:.0f} | {r['d_bwd']:.0f} | "
-         f"{r['v_bwd'] / r['d_bwd']:.2f} | {r['ms_fwd']:.2f} / {r['host_fwd']:.3f} "
-         f"({r['host_dev']:.3f}) | {r['ms_bwd']:.2f} / {r['host_bwd']:.3f} |" for r in rows]
+         f"{r['v_bwd'] / r['d_bwd']:.2f} | {r['dev_bwd']:.0f} | {r['dev_bwd'] / r['d_bwd']:.2f} | "
+         f"{r['ms_fwd']:.2f} / {r['host_fwd']:.3f} ({r['host_dev']:.3f}) | "
+         f"{r['ms_bwd']:.2f} / {r['host_bwd']:.3f} ({r['host_dev_bwd']:.3f}) |" for r in rows]
     with open(os.path.join(out, "results_varlen.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

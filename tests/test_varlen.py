@@ -80,14 +80,27 @@ class VarlenProblem:
         status = fa.call_forward(backend, self.params(t, lse))
         return status, t["o"].values()[0][:self.tq], lse[:, :self.tq].astype(np.float64)
 
-    def backward(self, o, lse, backend="fa2"):
-        t = {"q": self.tensor(self.tq, self.hq, self.q), "k": self.tensor(self.tk, self.hkv, self.k),
-             "v": self.tensor(self.tk, self.hkv, self.v, True),
-             "o": self.tensor(self.tq, self.hq, o, True),
-             "dout": self.tensor(self.tq, self.hq, self.dout, True), "dq": self.tensor(self.tq, self.hq),
-             "dk": self.tensor(self.tk, self.hkv), "dv": self.tensor(self.tk, self.hkv, None, True)}
+    def backward_tensors(self, o, grad_value=None):
+        """The forward's tensors with o and dout, and dq, dk, dv to write
+        (filled with grad_value, else poisoned)."""
+        def grad(rows, heads, d):
+            return None if grad_value is None else np.full((rows, heads, d), grad_value)
+        t = self.forward_tensors()
+        t["o"] = self.tensor(self.tq, self.hq, o, True)
+        t["dout"] = self.tensor(self.tq, self.hq, self.dout, True)
+        t["dq"] = self.tensor(self.tq, self.hq, grad(self.tq, self.hq, self.d))
+        t["dk"] = self.tensor(self.tk, self.hkv, grad(self.tk, self.hkv, self.d))
+        t["dv"] = self.tensor(self.tk, self.hkv, grad(self.tk, self.hkv, self.dv), True)
+        return t
+
+    def backward_lse(self, lse):
+        """The LSE the backward reads (the caller keeps it alive over the call)."""
         lse_in = np.zeros((self.hq, max(self.tq, 1)), np.float32)
         lse_in[:, :self.tq] = lse
+        return lse_in
+
+    def backward(self, o, lse, backend="fa2"):
+        t, lse_in = self.backward_tensors(o), self.backward_lse(lse)
         status = fa.call_backward(backend, self.params(t, lse_in))
         return (status, t["dq"].values()[0][:self.tq], t["dk"].values()[0][:self.tk],
                 t["dv"].values()[0][:self.tk])
@@ -170,26 +183,45 @@ RAGGED_CAUSAL_GQA = dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
 
 def gpu_varlen_device_offsets_case(**cfg):
     """tables_on_device: the offsets in device memory, the schedule made on
-    the device. Against the float64 reference, and where the host offsets
-    take the one launch of the same FA3 kernel (the longest sequence has
-    more than 16 queries, and the bounds are its lengths) equal to it bit
-    for bit: each tile sees the same key tiles in the same order, only the
-    order the CTAs take the tiles in may differ."""
+    the device; forward and backward against the float64 reference, and
+    against the host offsets where these take the one launch of the same
+    FA3 kernel: the forward (the longest sequence has more than 16
+    queries, and the bounds are its lengths) bit for bit, each tile seeing
+    the same key tiles in the same order, only the order the CTAs take the
+    tiles in may differ; the backward's dK and dV bit for bit (a key
+    block is one CTA's), dQ within 2^-7 of the host's (its atomics add in
+    any order)."""
     need_gpu()
     if fa.GPU.fa_test_gpu_cc() != 90:
         raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
-    result = varlen_case(backward=False, fwd="gpu", device_offsets=True, **cfg)
+    result = varlen_case(fwd="gpu", bwds=("gpu",), device_offsets=True, **cfg)
     prob = VarlenProblem(rng_for("varlen_device" + str(cfg)), device_offsets=True, **cfg)
     status, o, lse = prob.forward("gpu")
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
-    if max(prob.lq) <= 16:
-        return result + ", the host offsets take the decode path"
+    status, dq, dk, dv = prob.backward(o, lse, "gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
     prob.device_offsets = False
+    status, host_dq, host_dk, host_dv = prob.backward(o, lse, "gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    assert np.array_equal(dk, host_dk) and np.array_equal(dv, host_dv), \
+        "dK or dV differ from the host offsets'"
+    _close_dq(dq, host_dq)
+    if max(prob.lq) <= 16:
+        return result + ", backward as the host offsets; their forward takes the decode path"
     status, host_o, host_lse = prob.forward("gpu")
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
     assert np.array_equal(o, host_o, equal_nan=True) and \
         np.array_equal(lse, host_lse, equal_nan=True), "device offsets differ from host offsets"
     return result + ", bits of the host offsets"
+
+
+def _close_dq(got, want):
+    """dQ of the same atomic-mode backward, its fp32 sums added in another
+    order: each element within 2^-7 of the other's (a bf16 rounding and
+    then some), or 1e-3 of the largest."""
+    limit = 2.0 ** -7 * np.abs(want) + 1e-3 * np.abs(want).max()
+    assert not np.isnan(got).any() and np.all(np.abs(got - want) <= limit), \
+        f"dQ differs by {np.abs(got - want).max():.3g}"
 
 
 case("varlen_ragged", varlen_case, lengths_q=[5, 130, 1, 64], lengths_k=[9, 200, 1, 64])
@@ -550,6 +582,56 @@ for name, mutate, nan_seqs, kept_seqs, lse_too in (
          kept_seqs, lse_too)
 
 
+def _device_offsets_bad_backward(mutate, nan_seqs, kept_seqs):
+    """The backward over the same bad offsets: the dQ rows and the dK and dV
+    rows (their whole key span) of the sequences in nan_seqs NaN, of
+    kept_seqs their 7.0 (not placed: the query or key offsets out of order
+    or past the totals from there on); every other sequence's dK and dV
+    the bits of the valid offsets', its dQ as close as _close_dq allows."""
+    need_gpu()
+    if fa.GPU.fa_test_gpu_cc() != 90:
+        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+    prob = VarlenProblem(rng_for("varlen_device_bad"), DEVICE_BAD_LQ, DEVICE_BAD_LK, causal=True,
+                         head_dim=128, dtype="bf16", device_offsets=True)
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    status, *good = prob.backward(o, lse, "gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    t, lse_in = prob.backward_tensors(o, 7.0), prob.backward_lse(lse)
+    p = prob.params(t, lse_in)
+    keep = mutate(p)
+    status = fa.call_backward("gpu", p)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.GPU.fa_last_error_detail().decode()}"
+    del keep
+    for name, want in zip(("dq", "dk", "dv"), good):
+        got, cu = t[name].values()[0], prob.cu_q if name == "dq" else prob.cu_k
+        for b in range(prob.b):
+            rows = slice(cu[b], cu[b + 1])
+            if b in nan_seqs:
+                assert np.isnan(got[rows]).all(), f"{name} of sequence {b}: not NaN"
+            elif b in kept_seqs:
+                assert np.all(got[rows] == 7.0), f"{name} of sequence {b}: written"
+            elif name == "dq":
+                _close_dq(got[rows], want[rows])
+            else:
+                assert np.array_equal(got[rows], want[rows]), \
+                    f"{name} of sequence {b}: differs from the valid offsets' result"
+    return f"NaN {sorted(nan_seqs)}, kept {sorted(kept_seqs)}"
+
+
+for name, mutate, nan_seqs, kept_seqs in (
+        ("seqused_k_past_its_span", _device_array("seqused_k", [60, 30, 71, 25]), {2}, set()),
+        ("longer_than_seqlen_k", lambda p: setattr(p, "seqlen_k", 65), {2}, set()),
+        ("keys_past_total_k", _device_array("cu_seqlens_k", [0, 60, 90, 160, 190]), set(), {3}),
+        ("keys_decreasing", _device_array("cu_seqlens_k", [0, 60, 90, 80, 185]), set(), {2, 3}),
+        ("negative_key_start", _device_array("cu_seqlens_k", [0, 60, 90, -1, 185]), set(),
+         {2, 3}),
+        ("queries_decreasing", _device_array("cu_seqlens_q", [0, 40, 70, 60, 140]), set(),
+         {2, 3})):
+    case(f"gpu_varlen_device_offsets_bad_backward_{name}", _device_offsets_bad_backward, mutate,
+         nan_seqs, kept_seqs)
+
+
 def gpu_varlen_device_offsets_graph():
     """tables_on_device: a ragged forward captured once into a CUDA graph
     reads the offsets as they are at each launch: the second launch, after
@@ -586,8 +668,10 @@ case("gpu_varlen_device_offsets_graph", gpu_varlen_device_offsets_graph)
 
 
 def gpu_varlen_device_offsets_refused():
-    """tables_on_device with varlen: the backward answers FA_ERR_UNSUPPORTED
-    and a workspace one byte short FA_ERR_WORKSPACE, nothing written."""
+    """tables_on_device with varlen: the deterministic backward and one with
+    accumulate_grads answer FA_ERR_UNSUPPORTED, a workspace one byte short
+    FA_ERR_WORKSPACE (forward and backward), nothing written; not on
+    Hopper, the forward FA_ERR_UNSUPPORTED."""
     need_gpu()
     prob = VarlenProblem(rng_for("varlen_device_refused"), [20, 9], [30, 12], head_dim=64,
                          dtype="bf16", device_offsets=True)
@@ -597,18 +681,29 @@ def gpu_varlen_device_offsets_refused():
         assert np.isnan(o).all(), "O was written"
         return "not Hopper: the forward refused"
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
-    status, dq, dk, dv = prob.backward(o, lse, "gpu")
+    status, dq, dk, dv = prob.backward(o, lse, "gpu_det")
     assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
     assert all(np.isnan(g).all() for g in (dq, dk, dv)), "a gradient was written"
+    t, lse_in = prob.backward_tensors(o), prob.backward_lse(lse)
+    p = prob.params(t, lse_in)
+    p.accumulate_grads = 1
+    status = fa.call_backward("gpu", p)
+    assert status == fa.STATUS["FA_ERR_UNSUPPORTED"], fa.status_name(status)
+    p.accumulate_grads = 0
+    need = fa.GPU.fa_test_gpu_backward_workspace_size(ctypes.byref(p), 0)
+    assert need > 0, "no backward workspace asked for"
+    status = fa.GPU.fa_test_gpu_backward_workspace(ctypes.byref(p), need - 1)
+    assert status == fa.STATUS["FA_ERR_WORKSPACE"], fa.status_name(status)
+    assert all(np.isnan(t[n].values()).all() for n in ("dq", "dk", "dv")), "a gradient was written"
     t = prob.forward_tensors()
     short_lse = np.full((prob.hq, prob.tq), np.nan, np.float32)
     p = prob.params(t, short_lse)
-    need = fa.GPU.fa_test_gpu_forward_workspace_size(ctypes.byref(p))
-    assert need > 0, "no workspace asked for"
-    status = fa.GPU.fa_test_gpu_forward_workspace(ctypes.byref(p), need - 1)
+    need_fwd = fa.GPU.fa_test_gpu_forward_workspace_size(ctypes.byref(p))
+    assert need_fwd > 0, "no forward workspace asked for"
+    status = fa.GPU.fa_test_gpu_forward_workspace(ctypes.byref(p), need_fwd - 1)
     assert status == fa.STATUS["FA_ERR_WORKSPACE"], fa.status_name(status)
     assert np.isnan(t["o"].values()).all() and np.isnan(short_lse).all(), "written"
-    return f"workspace {need} bytes"
+    return f"workspace {need_fwd} / {need} bytes"
 
 
 case("gpu_varlen_device_offsets_refused", gpu_varlen_device_offsets_refused)

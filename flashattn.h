@@ -247,10 +247,11 @@ typedef struct fa_params {
        seqlen_k. Host arrays (the GPU copies them into its workspace); every
        page entry those keys use must be in 0 .. num_pages - 1 (else
        FA_ERR_INVALID_ARGUMENT, nothing written).
-       tables_on_device (GPU, seqlen_q <= 16, else FA_ERR_UNSUPPORTED;
-       varlen's offsets: above): block_table and cache_seqlens in device
-       memory, read by the kernels
-       alone, so the call neither copies nor waits on the host and may be
+       tables_on_device (GPU: seqlen_q <= 16, and on Hopper longer query
+       chunks where the FA3 forward reads the pages in place: a power-of-two
+       page of 32 keys and up at d <= 128; else FA_ERR_UNSUPPORTED; varlen's
+       offsets: above): block_table and cache_seqlens in device memory,
+       read by the kernels alone, so the call neither copies nor waits on the host and may be
        captured in a CUDA graph whose replays read the tables' contents at
        the time. Nothing checks them on the host: the kernels never touch
        memory outside the cache, and a sequence whose length or page

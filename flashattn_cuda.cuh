@@ -35,7 +35,7 @@
                stream, the LSE rows moved by 2-D copies (>> host, at the end).
                tables_on_device (the forward on Hopper): the same one
                launch, its maps and tile list made on the device
-               (fa_i_varlen_order, fa_i_varlen_sequences in >> combine).
+               (fa_i_sched_order, fa_i_sched_sequences in >> combine).
      paged     the block table copied into the workspace (tables_on_device:
                read in place, checked by the kernels), k_new/v_new
                appended by a copy kernel; seqlen_q <= 16 on the decode
@@ -3649,7 +3649,7 @@ FA_I_DECODE_WG_KERNEL(_wg_general, 1)
    accumulate o's own). Then two row copies: fa_i_fill_rows (varlen's rows
    without keys) and fa_i_page_rows (a paged cache's append and gather),
    and on Hopper the varlen schedule made on the device from offsets in
-   device memory (fa_i_varlen_order, fa_i_varlen_sequences). */
+   device memory (fa_i_sched_order, fa_i_sched_sequences). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
@@ -3826,74 +3826,103 @@ static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_row
 }
 
 #if FA_I_SM90
-/* A ragged batch whose offsets are in device memory (tables_on_device):
-   the FA3 forward's or backward's schedule made on the device by two
-   launches before the kernel, so the call neither copies nor waits on the
-   host. fa_i_varlen_order (one CTA) finds the first sequence not placed
-   (its query offsets, or in the backward its key offsets, out of order or
-   past the totals: its rows could overlap another's, so nothing is written
-   from it on) and sorts the placed sequences by their work class, largest
-   first (a counting sort; the host's schedule orders them the same way):
-   each sequence's first item, the item count the forward reads and, in the
-   backward, each sequence's first block of the dQ accumulator.
-   fa_i_varlen_sequences (a CTA per sequence in turn) writes a sequence's
-   entry, its items, its accumulator blocks' rows (backward) and its tensor
-   maps: the template's (the packed tensors from row 0) with its first row
-   and row count put in by tensormap.replace in shared memory, copied out
-   with the release fence the kernel's acquire pairs with. It fills the rows
-   no kernel writes (fa_i_varlen_fill). The backward's grid and
-   postprocess run to bounds: the items and accumulator rows past the
-   schedule's are set before (sequence -1: the CTA returns; 0 rows). */
-#define FA_I_VARLEN_ORDER_THREADS 1024
-#define FA_I_VARLEN_SEQ_THREADS 256
+/* A schedule made on the device, for a ragged batch whose offsets, or a
+   paged cache whose tables, are in device memory (tables_on_device): the
+   FA3 forward's (varlen, paged prefill) or backward's (varlen) items,
+   entries and tensor maps made by small launches before the kernel, so
+   the call neither copies nor waits on the host. fa_i_sched_pages (paged)
+   checks each sequence's page entries. fa_i_sched_order (one CTA) finds
+   the first sequence not placed (varlen: its query offsets, or in the
+   backward its key offsets, out of order or past the totals: its rows
+   could overlap another's, so nothing is written from it on) and sorts
+   the placed sequences by their work class, largest first (a counting
+   sort; the host's schedules order them the same way): each sequence's
+   first item, the item count the forward reads and, in the backward, each
+   sequence's first block of the dQ accumulator. fa_i_sched_sequences (a
+   CTA per sequence in turn) writes a sequence's entry, its items, its
+   accumulator blocks' rows (backward) and its tensor maps: the template's
+   with the sequence's first row and row count put in by tensormap.replace
+   in shared memory (fa_i_sched_map), copied out with the release fence the
+   kernel's acquire pairs with. It fills the rows no kernel writes
+   (fa_i_sched_fill). The backward's grid and postprocess run to bounds:
+   the items and accumulator rows past the schedule's are set before
+   (sequence -1: the CTA returns; 0 rows). */
+#define FA_I_SCHED_ORDER_THREADS 1024
+#define FA_I_SCHED_SEQ_THREADS 256
 enum { FA_I_FILL_O, FA_I_FILL_LSE };                   /* the forward's fills */
 enum { FA_I_FILL_DQ, FA_I_FILL_DK, FA_I_FILL_DV };     /* the backward's */
-typedef struct fa_i_varlen_dev_args {
-    /* q, k, v, then o (forward) or dout (backward): maps over the packed
-       tensors from row 0, their row 0, and the bytes from a row to the next */
+typedef struct fa_i_dev_sched {
+    /* q, k, v, then o (forward) or dout (backward): maps of a sequence's
+       rows (the template's dims but the rows), their base, and the bytes
+       from a unit to the next: varlen a row (a sequence's first row: its
+       offset), paged a batch for q and o (its index), a page for k and v
+       (its last page: a sequence's k and v maps hold that page's rows) */
     CUtensorMap tmpl[4];
     const char *base[4];
-    int64_t row_bytes[4];
-    const int32_t *cu_q, *cu_k, *used;
+    int64_t unit_bytes[4];
+    const int32_t *cu_q, *cu_k, *used; /* varlen */
+    /* paged (table set): sequence b's keys cache_len[b] + seqlen_new from
+       row b of the table (max_pages entries of pages of page_size keys) */
+    const int32_t *table, *cache_len;
+    int seqlen_new, max_pages, page_size, num_pages;
     int batch, heads_q, causal;
     int backward; /* items {sequence, first key} of key blocks, else query tiles */
     int rows;     /* of an item: the forward's query tile, the backward's key tile */
-    int total_q, total_k, max_q, max_k;
-    /* the tensors whose rows are filled (fa_i_varlen_fill; the LSE
-       [Hq, total_q], base NULL without one): base, layout, heads, d, dtype */
+    int total_q, total_k, max_q, max_k; /* paged: max_q is every sequence's queries */
+    /* the tensors whose rows are filled (fa_i_sched_fill; the LSE [Hq,
+       total_q] or [B, Hq, Nq], base NULL without one): base, layout, heads,
+       d, dtype */
     fa_i_fill_args fill[3];
-    /* the workspace (fa_i_varlen_dev_workspace): per sequence its maps
+    /* the workspace (fa_i_sched_workspace): per sequence its maps
        (map_bytes apart: the kernel's struct, whose first four members are
-       the maps, in tmpl's order), entry, first item and first accumulator
-       block; the control words {item count, first sequence not placed};
-       the items; the accumulator blocks' {first row, rows} */
+       the maps, in tmpl's order), entry, first item, first accumulator
+       block and (paged) whether a page entry is bad; the control words
+       {item count, first sequence not placed}; the items; the accumulator
+       blocks' {first row, rows} */
     char *seq_maps;
     int map_bytes;
     fa_i_fa3_seq *seqs;
-    int *item0, *acc0, *ctl;
+    int *item0, *acc0, *bad_pages, *ctl;
     int2 *items, *acc_rows;
-} fa_i_varlen_dev_args;
+} fa_i_dev_sched;
 
 enum { FA_I_SEQ_NONE, FA_I_SEQ_RUNS, FA_I_SEQ_NO_QUERIES, FA_I_SEQ_NO_KEYS, FA_I_SEQ_BAD };
 
-/* Whether sequence b's offsets stop the placing (fa_i_varlen_order). */
-static __device__ int fa_i_varlen_misplaced(const fa_i_varlen_dev_args *a, int b)
+/* Whether sequence b's offsets stop the placing (fa_i_sched_order; varlen). */
+static __device__ int fa_i_sched_misplaced(const fa_i_dev_sched *a, int b)
 {
-    return a->cu_q[b] < 0 || a->cu_q[b + 1] < a->cu_q[b] || a->cu_q[b + 1] > a->total_q ||
-           (a->backward &&
-            (a->cu_k[b] < 0 || a->cu_k[b + 1] < a->cu_k[b] || a->cu_k[b + 1] > a->total_k));
+    return !a->table &&
+           (a->cu_q[b] < 0 || a->cu_q[b + 1] < a->cu_q[b] || a->cu_q[b + 1] > a->total_q ||
+            (a->backward &&
+             (a->cu_k[b] < 0 || a->cu_k[b + 1] < a->cu_k[b] || a->cu_k[b + 1] > a->total_k)));
+}
+
+/* A paged sequence's keys, or -1 where its length is out of range. */
+static __device__ int fa_i_sched_paged_keys(const fa_i_dev_sched *a, int b)
+{
+    const int64_t nk = (int64_t)a->cache_len[b] + a->seqlen_new;
+    return a->cache_len[b] < 0 || nk > a->max_k || nk > (int64_t)a->max_pages * a->page_size
+               ? -1
+               : (int)nk;
 }
 
 /* Sequence b's entry (*e) and what becomes of it: its items run, its rows
    are filled (NO_QUERIES in the backward, NO_KEYS, BAD: other offsets, its
-   length or seqused_k out of range), or nothing (NONE: b at or past
-   `unplaced`, the first sequence fa_i_varlen_misplaced stops at). */
-static __device__ int fa_i_varlen_at(const fa_i_varlen_dev_args *a, int b, int unplaced,
-                                     fa_i_fa3_seq *e)
+   length, seqused_k or a page entry out of range), or nothing (NONE: b at
+   or past `unplaced`, the first sequence fa_i_sched_misplaced stops at). */
+static __device__ int fa_i_sched_at(const fa_i_dev_sched *a, int b, int unplaced,
+                                    fa_i_fa3_seq *e)
 {
+    e->acc0 = e->pad = 0;
+    if (a->table) { /* queries [b, 0 .. max_q), keys from the pages */
+        const int nk = fa_i_sched_paged_keys(a, b);
+        e->q0 = e->k0 = 0, e->nq = a->max_q, e->nk = nk;
+        e->lse0 = (int64_t)b * a->heads_q * a->max_q, e->pages0 = (int64_t)b * a->max_pages;
+        return nk < 0 || a->bad_pages[b] ? FA_I_SEQ_BAD : nk ? FA_I_SEQ_RUNS : FA_I_SEQ_NO_KEYS;
+    }
     const int q0 = a->cu_q[b], q1 = a->cu_q[b + 1], k0 = a->cu_k[b], k1 = a->cu_k[b + 1];
     const int used = a->used ? a->used[b] : k1 - k0;
-    e->q0 = q0, e->k0 = k0, e->nq = q1 - q0, e->nk = used, e->acc0 = e->pad = 0;
+    e->q0 = q0, e->k0 = k0, e->nq = q1 - q0, e->nk = used;
     e->lse0 = q0, e->pages0 = 0;
     if (b >= unplaced) return FA_I_SEQ_NONE;
     if (q1 - q0 > a->max_q || k0 < 0 || k1 < k0 || k1 > a->total_k || k1 - k0 > a->max_k ||
@@ -3903,48 +3932,68 @@ static __device__ int fa_i_varlen_at(const fa_i_varlen_dev_args *a, int b, int u
 }
 
 /* A running sequence's items: its key blocks, or its query tiles of every head. */
-static __device__ __forceinline__ int fa_i_varlen_dev_items(const fa_i_varlen_dev_args *a,
-                                                            const fa_i_fa3_seq *e)
+static __device__ __forceinline__ int fa_i_sched_items(const fa_i_dev_sched *a,
+                                                       const fa_i_fa3_seq *e)
 {
     return a->backward ? (e->nk + a->rows - 1) / a->rows
                        : (e->nq + a->rows - 1) / a->rows * a->heads_q;
 }
 
-/* Rows [r0, r0 + rows) of every head of f's tensor set to value, by the CTA. */
-static __device__ void fa_i_fill_rows_cta(fa_i_fill_args f, int r0, int rows, float value)
+/* Rows [r0, r0 + rows) of batch b, every head, of f's tensor set to value,
+   by the CTA. */
+static __device__ void fa_i_fill_rows_cta(fa_i_fill_args f, int b, int r0, int rows, float value)
 {
     int64_t i;
-    f.base = (char *)f.base + (int64_t)r0 * f.l.seq * (f.dtype == FA_DTYPE_F32 ? 4 : 2);
+    f.base = (char *)f.base +
+             ((int64_t)b * f.l.batch + (int64_t)r0 * f.l.seq) * (f.dtype == FA_DTYPE_F32 ? 4 : 2);
     f.rows = rows, f.value = value;
     for (i = threadIdx.x; i < (int64_t)rows * f.heads * f.d; i += blockDim.x) fa_i_fill_at(&f, i);
 }
 
-/* The rows of sequence b (entry e, fa_i_varlen_at's answer st) no kernel
+/* The rows of sequence b (entry e, fa_i_sched_at's answer st) no kernel
    writes: the forward's O = 0 and LSE = -inf without keys; the backward's
    dQ = 0 without keys, dK = dV = 0 of the keys past seqused_k (all of
    them without queries or keys); NaN in all of them where st is BAD. */
-static __device__ void fa_i_varlen_fill(const fa_i_varlen_dev_args *a, int b, int st,
-                                        const fa_i_fa3_seq *e)
+static __device__ void fa_i_sched_fill(const fa_i_dev_sched *a, int b, int st,
+                                       const fa_i_fa3_seq *e)
 {
     const float nan = __int_as_float(0x7fc00000), value = st == FA_I_SEQ_BAD ? nan : 0.0f;
-    const int seen = st == FA_I_SEQ_RUNS ? e->nk : 0, span = a->cu_k[b + 1] - e->k0;
+    const int fb = a->table ? b : 0; /* the batch of the fills' rows */
     if (st == FA_I_SEQ_NONE) return;
     if (!a->backward) {
         if (st != FA_I_SEQ_NO_KEYS && st != FA_I_SEQ_BAD) return;
-        fa_i_fill_rows_cta(a->fill[FA_I_FILL_O], e->q0, e->nq, value);
+        fa_i_fill_rows_cta(a->fill[FA_I_FILL_O], fb, e->q0, e->nq, value);
         if (a->fill[FA_I_FILL_LSE].base)
-            fa_i_fill_rows_cta(a->fill[FA_I_FILL_LSE], e->q0, e->nq,
+            fa_i_fill_rows_cta(a->fill[FA_I_FILL_LSE], fb, e->q0, e->nq,
                                st == FA_I_SEQ_BAD ? nan : -INFINITY);
         return;
     }
+    const int seen = st == FA_I_SEQ_RUNS ? e->nk : 0, span = a->cu_k[b + 1] - e->k0;
     if (st == FA_I_SEQ_NO_KEYS || st == FA_I_SEQ_BAD)
-        fa_i_fill_rows_cta(a->fill[FA_I_FILL_DQ], e->q0, e->nq, value);
-    fa_i_fill_rows_cta(a->fill[FA_I_FILL_DK], e->k0 + seen, span - seen, value);
-    fa_i_fill_rows_cta(a->fill[FA_I_FILL_DV], e->k0 + seen, span - seen, value);
+        fa_i_fill_rows_cta(a->fill[FA_I_FILL_DQ], 0, e->q0, e->nq, value);
+    fa_i_fill_rows_cta(a->fill[FA_I_FILL_DK], 0, e->k0 + seen, span - seen, value);
+    fa_i_fill_rows_cta(a->fill[FA_I_FILL_DV], 0, e->k0 + seen, span - seen, value);
 }
 
-static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
-    fa_i_varlen_order(const __grid_constant__ fa_i_varlen_dev_args a)
+/* Paged: whether an entry among the pages sequence b's keys use is not a
+   page (a CTA per sequence in turn); sequences whose length is out of
+   range are not read (fa_i_sched_at finds them). */
+static __global__ void __launch_bounds__(FA_I_SCHED_SEQ_THREADS)
+    fa_i_sched_pages(const __grid_constant__ fa_i_dev_sched a)
+{
+    int b;
+    for (b = blockIdx.x; b < a.batch; b += gridDim.x) {
+        const int nk = fa_i_sched_paged_keys(&a, b), pages = nk > 0 ? (nk - 1) / a.page_size + 1 : 0;
+        const int32_t *row = a.table + (int64_t)b * a.max_pages;
+        int i, bad = 0;
+        for (i = threadIdx.x; i < pages; i += blockDim.x) bad |= row[i] < 0 || row[i] >= a.num_pages;
+        bad = __syncthreads_or(bad);
+        if (threadIdx.x == 0) a.bad_pages[b] = bad;
+    }
+}
+
+static __global__ void __launch_bounds__(FA_I_SCHED_ORDER_THREADS)
+    fa_i_sched_order(const __grid_constant__ fa_i_dev_sched a)
 {
     __shared__ int next[64], unplaced, acc_next; /* per class: its next item */
     fa_i_fa3_seq e;
@@ -3953,11 +4002,11 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
     if (threadIdx.x == 0) unplaced = a.batch, acc_next = 0;
     __syncthreads();
     for (b = threadIdx.x; b < a.batch; b += blockDim.x)
-        if (fa_i_varlen_misplaced(&a, b)) atomicMin(&unplaced, b);
+        if (fa_i_sched_misplaced(&a, b)) atomicMin(&unplaced, b);
     __syncthreads();
     for (b = threadIdx.x; b < a.batch; b += blockDim.x)
-        if (fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS)
-            atomicAdd(&next[fa_i_work_class(e.nq, e.nk)], fa_i_varlen_dev_items(&a, &e));
+        if (fa_i_sched_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS)
+            atomicAdd(&next[fa_i_work_class(e.nq, e.nk)], fa_i_sched_items(&a, &e));
     __syncthreads();
     if (threadIdx.x == 0) {
         int items = 0;
@@ -3969,9 +4018,9 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
     }
     __syncthreads();
     for (b = threadIdx.x; b < a.batch; b += blockDim.x) {
-        const int runs = fa_i_varlen_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS;
+        const int runs = fa_i_sched_at(&a, b, unplaced, &e) == FA_I_SEQ_RUNS;
         a.item0[b] = runs ? atomicAdd(&next[fa_i_work_class(e.nq, e.nk)],
-                                      fa_i_varlen_dev_items(&a, &e))
+                                      fa_i_sched_items(&a, &e))
                           : -1;
         if (a.backward)
             a.acc0[b] = runs ? atomicAdd(&acc_next, fa_i_varlen_acc_blocks(e.nq)) : -1;
@@ -3979,23 +4028,29 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_ORDER_THREADS)
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* Map m (tmpl's order) of sequence e, by one warp through its 128-byte
-   staging buffer in shared memory. */
-static __device__ void fa_i_varlen_map(const fa_i_varlen_dev_args *a, int m, int b,
-                                       const fa_i_fa3_seq *e, CUtensorMap *staged)
+/* Map m (tmpl's order) of sequence b (entry e), by one warp through its
+   128-byte staging buffer in shared memory. */
+static __device__ void fa_i_sched_map(const fa_i_dev_sched *a, int m, int b,
+                                      const fa_i_fa3_seq *e, CUtensorMap *staged)
 {
     const int lane = threadIdx.x % 32, keys = m == 1 || m == 2;
     CUtensorMap *to = (CUtensorMap *)(a->seq_maps + (int64_t)b * a->map_bytes) + m;
     const uint32_t at = fa_i_smem_addr(staged);
-    const char *row0 = a->base[m] + (int64_t)(keys ? e->k0 : e->q0) * a->row_bytes[m];
+    int64_t unit = keys ? e->k0 : e->q0; /* varlen: rows */
+    int rows = keys ? e->nk : e->nq;
+    if (a->table && !keys) unit = b;
+    if (a->table && keys) { /* the last page's rows */
+        const int last = (e->nk - 1) / a->page_size;
+        unit = a->table[e->pages0 + last], rows = e->nk - last * a->page_size;
+    }
     if (lane < 16) ((uint64_t *)staged)[lane] = ((const uint64_t *)&a->tmpl[m])[lane];
     __syncwarp();
     if (lane == 0) {
         asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(at),
-                     "l"((uint64_t)(uintptr_t)row0)
+                     "l"((uint64_t)(uintptr_t)(a->base[m] + unit * a->unit_bytes[m]))
                      : "memory");
         asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;\n" ::"r"(at),
-                     "r"(keys ? e->nk : e->nq)
+                     "r"(rows)
                      : "memory");
     }
     __syncwarp();
@@ -4007,8 +4062,8 @@ static __device__ void fa_i_varlen_map(const fa_i_varlen_dev_args *a, int m, int
 }
 #endif
 
-static __global__ void __launch_bounds__(FA_I_VARLEN_SEQ_THREADS)
-    fa_i_varlen_sequences(const __grid_constant__ fa_i_varlen_dev_args a)
+static __global__ void __launch_bounds__(FA_I_SCHED_SEQ_THREADS)
+    fa_i_sched_sequences(const __grid_constant__ fa_i_dev_sched a)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __shared__ __align__(128) CUtensorMap staged[4];
@@ -4016,9 +4071,9 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_SEQ_THREADS)
     fa_i_fa3_seq e;
     int b, i;
     for (b = blockIdx.x; b < a.batch; b += gridDim.x) {
-        const int st = fa_i_varlen_at(&a, b, unplaced, &e);
+        const int st = fa_i_sched_at(&a, b, unplaced, &e);
         if (st == FA_I_SEQ_RUNS) {
-            const int n = fa_i_varlen_dev_items(&a, &e), first = a.item0[b];
+            const int n = fa_i_sched_items(&a, &e), first = a.item0[b];
             const int blocks = (e.nq + a.rows - 1) / a.rows; /* forward: a head's */
             if (a.backward) e.acc0 = a.acc0[b];
             if (threadIdx.x == 0) a.seqs[b] = e;
@@ -4030,9 +4085,9 @@ static __global__ void __launch_bounds__(FA_I_VARLEN_SEQ_THREADS)
             for (i = threadIdx.x; a.backward && i < fa_i_varlen_acc_blocks(e.nq);
                  i += blockDim.x)
                 a.acc_rows[e.acc0 + i] = make_int2(e.q0 + 64 * i, e.nq - 64 * i);
-            if (warp < 4) fa_i_varlen_map(&a, warp, b, &e, &staged[warp]);
+            if (warp < 4) fa_i_sched_map(&a, warp, b, &e, &staged[warp]);
         }
-        fa_i_varlen_fill(&a, b, st, &e);
+        fa_i_sched_fill(&a, b, st, &e);
     }
 #else
     (void)a;
@@ -7107,10 +7162,10 @@ static void *fa_i_carve(char *base, size_t *at, size_t n)
 
 /* The workspace of a schedule made on the device (ws NULL: only counted):
    the backward's D ([Hq, total_q]) and dQ accumulator, then a's arrays
-   (fa_i_varlen_dev_args) for `items` items and `acc_blocks` accumulator
+   (fa_i_dev_sched) for `items` items and `acc_blocks` accumulator
    blocks. Its bytes, with 64 for the alignment of ws. */
-static size_t fa_i_varlen_dev_workspace(fa_i_varlen_dev_args *a, void *ws, int64_t items,
-                                        int64_t acc_blocks, size_t acc_floats, fa_i_bwd_args *ba)
+static size_t fa_i_sched_workspace(fa_i_dev_sched *a, void *ws, int64_t items,
+                                   int64_t acc_blocks, size_t acc_floats, fa_i_bwd_args *ba)
 {
     char *base = ws ? (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63) : NULL;
     size_t at = 0;
@@ -7121,15 +7176,16 @@ static size_t fa_i_varlen_dev_workspace(fa_i_varlen_dev_args *a, void *ws, int64
     a->seqs = (fa_i_fa3_seq *)fa_i_carve(base, &at, sizeof(fa_i_fa3_seq) * a->batch);
     a->item0 = (int *)fa_i_carve(base, &at, sizeof(int) * a->batch);
     a->acc0 = (int *)fa_i_carve(base, &at, sizeof(int) * a->batch);
+    a->bad_pages = (int *)fa_i_carve(base, &at, sizeof(int) * a->batch);
     a->ctl = (int *)fa_i_carve(base, &at, sizeof(int) * 2);
     a->items = (int2 *)fa_i_carve(base, &at, sizeof(int2) * (size_t)items);
     a->acc_rows = (int2 *)fa_i_carve(base, &at, sizeof(int2) * (size_t)acc_blocks);
     return 64 + at;
 }
 
-/* The FA3 kernel's four tensors (q, k, v, o or dout) for fa_i_varlen_map:
-   their row 0 and the bytes between rows. */
-static void fa_i_varlen_dev_tensors(fa_i_varlen_dev_args *a, const fa_params *run, int backward)
+/* The FA3 kernel's four tensors (q, k, v, o or dout) for fa_i_sched_map:
+   their base and the bytes from a unit to the next (fa_i_dev_sched). */
+static void fa_i_sched_tensors(fa_i_dev_sched *a, const fa_params *run, int backward)
 {
     const void *t[4] = {run->q, run->k, run->v, backward ? run->dout : run->o};
     const fa_layout *l[4] = {&run->q_layout, &run->k_layout, &run->v_layout,
@@ -7138,13 +7194,32 @@ static void fa_i_varlen_dev_tensors(fa_i_varlen_dev_args *a, const fa_params *ru
     for (m = 0; m < 4; ++m) {
         const fa_dtype dt = m == 3 && !backward ? run->o_dtype : run->dtype;
         a->base[m] = (const char *)t[m];
-        a->row_bytes[m] = l[m]->seq * (int64_t)fa_dtype_size(dt);
+        a->unit_bytes[m] = (a->table ? l[m]->batch : l[m]->seq) * (int64_t)fa_dtype_size(dt);
     }
 }
 
-/* The rows fa_i_varlen_fill may set in tensor f: [Hq or Hkv, total rows]. */
-static void fa_i_varlen_fill_of(fa_i_fill_args *f, void *base, const fa_layout *l, int heads,
-                                int d, fa_dtype dtype)
+/* Its launches before the kernel: the page check (paged), the order, the
+   sequences. */
+static fa_status fa_i_sched_launch(const fa_i_dev_sched *a, const fa_i_device *dev,
+                                   cudaStream_t stream)
+{
+    const dim3 per_seq(a->batch < 4 * dev->sms ? a->batch : 4 * dev->sms);
+    fa_status s = FA_OK;
+    if (a->table)
+        s = fa_i_launch((const void *)fa_i_sched_pages, per_seq, FA_I_SCHED_SEQ_THREADS, 0,
+                        stream, a, NULL);
+    if (s == FA_OK)
+        s = fa_i_launch((const void *)fa_i_sched_order, dim3(1), FA_I_SCHED_ORDER_THREADS, 0,
+                        stream, a, NULL);
+    if (s == FA_OK)
+        s = fa_i_launch((const void *)fa_i_sched_sequences, per_seq, FA_I_SCHED_SEQ_THREADS, 0,
+                        stream, a, NULL);
+    return s;
+}
+
+/* The rows fa_i_sched_fill may set in tensor f. */
+static void fa_i_fill_of(fa_i_fill_args *f, void *base, const fa_layout *l, int heads,
+                         int d, fa_dtype dtype)
 {
     memset(f, 0, sizeof *f);
     f->base = base, f->l = *l, f->heads = heads, f->d = d, f->dtype = dtype;
@@ -7153,7 +7228,7 @@ static void fa_i_varlen_fill_of(fa_i_fill_args *f, void *base, const fa_layout *
 /* A ragged batch with its offsets in device memory (tables_on_device): the
    FA3 forward, or backward (atomic mode, 16-bit gradients), of the longest
    sequence the bounds allow (seqlen_q, seqlen_k), on the schedule
-   fa_i_varlen_order and fa_i_varlen_sequences make on the device. Bounds
+   fa_i_sched_order and fa_i_sched_sequences make on the device. Bounds
    on the items every sequence's last tile or key block partial: Hq
    (total_q / rows + B) query tiles, total_k / keys + B key blocks, 2
    (total_q / 128 + B) accumulator blocks a head. */
@@ -7164,7 +7239,7 @@ static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
     const fa_i_kernels *ks;
     const fa_i_kernel *k = NULL;
     fa_i_device dev;
-    fa_i_varlen_dev_args a;
+    fa_i_dev_sched a;
     fa_i_tma_maps maps;
     fa_i_fa3_bwd_args args;
     int64_t items, acc_blocks = 0;
@@ -7215,7 +7290,7 @@ static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device with varlen: seqlen_q %d, "
                          "total_q %d, total_k %d: past the schedule's fields", p->seqlen_q,
                          p->total_q, p->total_k);
-    call->need = fa_i_varlen_dev_workspace(&a, NULL, items, acc_blocks, acc_floats, &args.a);
+    call->need = fa_i_sched_workspace(&a, NULL, items, acc_blocks, acc_floats, &args.a);
     call->algorithm = 3;
     if (!call->run) return FA_OK;
     if (!call->workspace || call->workspace_size < call->need)
@@ -7224,21 +7299,21 @@ static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
                          bwd ? "backward" : "forward");
     if ((s = fa_i_check_aliasing(&run, call->pass, call->workspace, call->need)) != FA_OK)
         return s;
-    fa_i_varlen_dev_workspace(&a, call->workspace, items, acc_blocks, acc_floats, &args.a);
-    fa_i_varlen_dev_tensors(&a, &run, bwd);
+    fa_i_sched_workspace(&a, call->workspace, items, acc_blocks, acc_floats, &args.a);
+    fa_i_sched_tensors(&a, &run, bwd);
     if (bwd) {
         const fa_dtype gt = fa_i_grad_dtype(&run);
-        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_DQ], run.dq, &run.dq_layout, p->heads_q,
+        fa_i_fill_of(&a.fill[FA_I_FILL_DQ], run.dq, &run.dq_layout, p->heads_q,
                             p->head_dim, gt);
-        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_DK], run.dk, &run.dk_layout, p->heads_kv,
+        fa_i_fill_of(&a.fill[FA_I_FILL_DK], run.dk, &run.dk_layout, p->heads_kv,
                             p->head_dim, gt);
-        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_DV], run.dv, &run.dv_layout, p->heads_kv,
+        fa_i_fill_of(&a.fill[FA_I_FILL_DV], run.dv, &run.dv_layout, p->heads_kv,
                             p->head_dim_v, gt);
     } else {
         const fa_layout lse_l = {0, p->total_q, 1}; /* batch, head, seq strides */
-        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_O], run.o, &run.o_layout, p->heads_q,
+        fa_i_fill_of(&a.fill[FA_I_FILL_O], run.o, &run.o_layout, p->heads_q,
                             p->head_dim_v, run.o_dtype);
-        fa_i_varlen_fill_of(&a.fill[FA_I_FILL_LSE], p->lse, &lse_l, p->heads_q, 1,
+        fa_i_fill_of(&a.fill[FA_I_FILL_LSE], p->lse, &lse_l, p->heads_q, 1,
                             FA_DTYPE_F32);
     }
     if (bwd) { /* D over the packed rows; the accumulator, items and rows past the schedule's */
@@ -7256,12 +7331,7 @@ static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
                                 "workspace");
         if (s != FA_OK) return s;
     }
-    if ((s = fa_i_launch((const void *)fa_i_varlen_order, dim3(1), FA_I_VARLEN_ORDER_THREADS, 0,
-                         call->stream, &a, NULL)) != FA_OK ||
-        (s = fa_i_launch((const void *)fa_i_varlen_sequences,
-                         dim3(p->batch < 4 * dev.sms ? p->batch : 4 * dev.sms),
-                         FA_I_VARLEN_SEQ_THREADS, 0, call->stream, &a, NULL)) != FA_OK)
-        return s;
+    if ((s = fa_i_sched_launch(&a, &dev, call->stream)) != FA_OK) return s;
     run.lse = p->lse; /* the kernels' params: the packed tensors', the lengths per sequence */
     if (!bwd) {
         maps.seq_maps = (const fa_i_tma_maps *)a.seq_maps, maps.seqs = a.seqs;
@@ -7574,6 +7644,64 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
     return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(maps.num_tiles, &dev)), k->threads, k->smem,
                        call->stream, &run, &maps);
 }
+
+/* A paged prefill chunk with its tables in device memory: the in-place FA3
+   forward k (as fa_i_paged_fa3) on a schedule made on the device
+   (fa_i_dev_sched): per sequence its Q and O maps (batch b's rows) and its
+   last page's K and V maps, the templates batch 0's rows and a page's;
+   sequences whose length or page entries are out of range get O and LSE
+   rows of NaN. ws NULL: *need only. */
+static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, void *ws,
+                                   cudaStream_t stream, size_t *need)
+{
+    fa_i_device dev;
+    fa_i_dev_sched a;
+    fa_i_tma_maps maps, tmpl;
+    fa_i_bwd_args none;
+    fa_params run = *p, cache = *p, seq = *p;
+    const fa_layout lse_l = {(int64_t)p->heads_q * p->seqlen_q, p->seqlen_q, 1};
+    const int blocks_m = fa_i_blocks(p->seqlen_q, k->rows);
+    const int64_t items = (int64_t)p->batch * p->heads_q * blocks_m;
+    fa_i_kernel boxed = *k; /* the TMA box of keys: the tile, or a page where pages are smaller */
+    cudaError_t e;
+    fa_status s;
+    if ((e = fa_i_device_facts(&dev)) != cudaSuccess)
+        return fa_i_cuda_error(e, "querying the current device");
+    if (blocks_m > 0xffff || items > 0x7fffffff) /* the items' fields */
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: seqlen_q %d, batch %d: past the "
+                         "schedule's fields", p->seqlen_q, p->batch);
+    boxed.keys = p->page_size < k->keys ? p->page_size : k->keys;
+    cache.batch = p->num_pages; /* {d, row in page, head, page} */
+    seq.batch = 1, seq.seqlen_k = p->page_size;
+    memset(&maps, 0, sizeof maps);
+    if (!fa_i_tma_map(&maps.k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim, p->page_size,
+                      p->heads_kv, boxed.keys) ||
+        !fa_i_tma_map(&maps.v, p->v, &p->v_layout, &cache, p->dtype, p->head_dim_v,
+                      p->page_size, p->heads_kv, boxed.keys) ||
+        !fa_i_fa3_maps(&seq, &boxed, &tmpl))
+        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: the driver refused a tensor map "
+                         "of the cache");
+    memset(&a, 0, sizeof a);
+    a.tmpl[0] = tmpl.q, a.tmpl[1] = tmpl.k, a.tmpl[2] = tmpl.v, a.tmpl[3] = tmpl.o;
+    a.table = p->block_table, a.cache_len = p->cache_seqlens, a.seqlen_new = p->seqlen_new;
+    a.max_pages = p->max_pages, a.page_size = p->page_size, a.num_pages = p->num_pages;
+    a.batch = p->batch, a.heads_q = p->heads_q, a.causal = p->causal, a.rows = k->rows;
+    a.max_q = p->seqlen_q, a.max_k = p->seqlen_k, a.map_bytes = (int)sizeof(fa_i_tma_maps);
+    *need = fa_i_sched_workspace(&a, NULL, items, 0, 0, &none);
+    if (!ws) return FA_OK;
+    fa_i_sched_workspace(&a, ws, items, 0, 0, &none);
+    fa_i_sched_tensors(&a, p, 0);
+    fa_i_fill_of(&a.fill[FA_I_FILL_O], p->o, &p->o_layout, p->heads_q, p->head_dim_v, p->o_dtype);
+    fa_i_fill_of(&a.fill[FA_I_FILL_LSE], p->lse, &lse_l, p->heads_q, 1, FA_DTYPE_F32);
+    if ((s = fa_i_sched_launch(&a, &dev, stream)) != FA_OK) return s;
+    maps.seq_maps = (const fa_i_tma_maps *)a.seq_maps, maps.seqs = a.seqs;
+    maps.tiles = a.items, maps.num_tiles = (int)items, maps.tile_count = a.ctl;
+    maps.lse_head = p->seqlen_q, maps.pages = p->block_table;
+    while ((1 << maps.page_shift) < p->page_size) ++maps.page_shift;
+    run.block_table = NULL, run.cache_seqlens = NULL;
+    return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(items, &dev)), k->threads, k->smem, stream, &run,
+                       &maps);
+}
 #endif
 
 static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
@@ -7586,9 +7714,7 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     char *rest;
     int64_t es;
     int taken = 0, b;
-#if FA_I_SM90
     const fa_i_kernel *fa3 = NULL; /* the FA3 forward that reads the pages in place */
-#endif
     fa_status s = fa_i_cuda_check(params, call->pass, call->deterministic, p, &plan.k, &dev);
     cudaError_t e;
     if (s != FA_OK) return s;
@@ -7606,11 +7732,19 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
             : call->workspace_size > table_bytes ? call->workspace_size - table_bytes : 0;
     plan.workspace = 0;
     if ((s = fa_i_plan_decode(&plan, &dev, avail, &taken)) != FA_OK) return s;
-    if (!taken && p->tables_on_device) /* the other paths plan from the tables' contents */
-        return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: seqlen_q %d; the decode kernel "
-                         "only (seqlen_q <= %d, built for this device)", p->seqlen_q,
-                         FA_I_DECODE_MAX_Q);
-    if (!taken) { /* a dense K and V of the longest sequence, or the in-place schedule */
+    if (!taken && p->tables_on_device) { /* the other paths plan from the tables' contents */
+#if FA_I_SM90
+        fa3 = fa_i_paged_fa3_kernel(p, plan.k, &dev);
+        if (fa3 && (s = fa_i_paged_device(p, fa3, NULL, call->stream, &plan.workspace)) != FA_OK)
+            return s;
+#endif
+        if (!fa3)
+            return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: seqlen_q %d; the decode "
+                             "kernel (seqlen_q <= %d) or Hopper's FA3 forward where its key tile "
+                             "and the page size fit (powers of two)", p->seqlen_q,
+                             FA_I_DECODE_MAX_Q);
+        plan.algorithm = 3;
+    } else if (!taken) { /* a dense K and V of the longest sequence, or the in-place schedule */
         plan.workspace = (size_t)es * p->seqlen_k * p->heads_kv * (p->head_dim + p->head_dim_v);
 #if FA_I_SM90
         fa3 = fa_i_paged_fa3_kernel(p, plan.k, &dev);
@@ -7652,6 +7786,8 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
         return fa_i_run_decode(&plan, rest, call->stream);
     }
 #if FA_I_SM90
+    if (fa3 && p->tables_on_device)
+        return fa_i_paged_device(p, fa3, rest, call->stream, &plan.workspace);
     if (fa3 && ((s = fa_i_paged_fa3(p, fa3, call, table_dev, rest, &taken)) != FA_OK || taken))
         return s;
 #endif

@@ -93,12 +93,20 @@ class PagedProblem:
         return status, t, lse.astype(np.float64)
 
 
+def _need_fa3():
+    if fa.GPU.fa_test_gpu_cc() != 90:
+        raise Skip("prefill chunks over tables in device memory run on the FA3 kernel "
+                   "(compute capability 9.0)")
+
+
 def paged_case(backend="fa2", num_splits=0, device_tables=False, **cfg):
     """device_tables: the GPU with tables_on_device, and its bits equal to
     those of host tables (the same plan and kernels; only where the kernels
     read the tables differs)."""
     if backend == "gpu":
         need_gpu()
+    if device_tables and cfg.get("seqlen_q", 1) > 16:
+        _need_fa3()
     prob = PagedProblem(rng_for("paged" + backend + str(cfg)), **cfg)
     args = dict(scale=prob.scale, causal=prob.causal, window=prob.window, softcap=prob.softcap)
     # the GPU's tensor cores take P in the storage dtype; its mirror rounds the same way
@@ -275,13 +283,21 @@ GPU_CASES = (
 for name, cfg in GPU_CASES:
     case(f"gpu_paged_{name}", paged_case, backend="gpu", **dict(dict(dtype="bf16"), **cfg))
 # tables_on_device: the decode path's walks (pages sliced by 16 and a page a
-# row's lookup, splits, the wgmma kernel, d = 256), appends, empty sequences
+# row's lookup, splits, the wgmma kernel, d = 256), appends, empty
+# sequences; prefill chunks on the FA3 kernel reading the pages in place
+# (a tile from a page, boxes from several), on the schedule made on the GPU
 for name, cfg in GPU_CASES:
     if name in ("decode_append_d128", "decode_split_7", "decode_split_1_page_1",
                 "speculative_16_window_softcap_f16", "decode_wgmma_page_16_d128_gqa8",
                 "decode_wgmma_page_7_d64_split_5", "decode_page_256_d256_padded",
                 "decode_empty_sequences", "decode_poison_page_24_split_2_d64",
-                "decode_poison_page_16_d256_rows64"):
+                "decode_poison_page_16_d256_rows64", "prefill_poison_page_64_d128",
+                "prefill_poison_page_256_d128_causal", "prefill_poison_page_256_d128_long_keys",
+                "prefill_in_place_page_128_d64_causal_gqa",
+                "prefill_in_place_page_256_d128_window_softcap_f16",
+                "prefill_in_place_page_128_d96_empty", "prefill_in_place_page_128_24_sequences",
+                "prefill_in_place_page_64_d128_causal_gqa",
+                "prefill_in_place_page_64_d128_long_keys"):
         case(f"gpu_paged_device_tables_{name}", paged_case, backend="gpu", device_tables=True,
              **dict(dict(dtype="bf16"), **cfg))
 
@@ -369,16 +385,17 @@ def paged_backward_is_refused():
     return fa.CPU.fa_last_error_detail().decode()
 
 
-@test
-def gpu_paged_device_tables_graph():
-    """tables_on_device: a decode captured once into a CUDA graph reads the
+def _device_tables_graph(seqlen_q, page_size, max_pages):
+    """tables_on_device: a call captured once into a CUDA graph reads the
     tables as they are at each launch: the second launch, after new cache
     lengths were written into the same device array, equals a direct call
     over those lengths, bit for bit, as the first equals one over the old."""
     need_gpu()
-    prob = PagedProblem(rng_for("paged_graph"), cache_lens=[37, 1000, 1, 64], page_size=16,
-                        max_pages=64, heads_q=8, heads_kv=2, head_dim=128, dtype="bf16",
-                        seqlen_q=4, causal=True)
+    if seqlen_q > 16:
+        _need_fa3()
+    prob = PagedProblem(rng_for("paged_graph"), cache_lens=[37, 1000, 1, 64],
+                        page_size=page_size, max_pages=max_pages, heads_q=8, heads_kv=2,
+                        head_dim=128, dtype="bf16", seqlen_q=seqlen_q, causal=True)
     lens2 = np.array([20, 999, 0, 64], np.int32)  # within each sequence's filled entries
     o1 = fa.Tensor(prob.q.shape[:3] + (prob.dv,), prob.dtype, prob.layout)
     lse1 = np.full((prob.b, prob.hq, prob.nq), np.nan, np.float32)
@@ -401,15 +418,26 @@ def gpu_paged_device_tables_graph():
     assert not np.array_equal(first[2], second[2], equal_nan=True), "the lengths changed nothing"
 
 
-def _device_tables_bad(mutate, bad_seq):
+case("gpu_paged_device_tables_graph", _device_tables_graph, 4, 16, 64)
+case("gpu_paged_device_tables_graph_prefill", _device_tables_graph, 40, 64, 16)
+
+
+def _device_tables_bad(mutate, bad_seq, prefill=False):
     """tables_on_device with a bad entry or length in sequence bad_seq: no
     fault, that sequence's O and LSE all NaN, the others' bits those of the
     valid tables, and the cache written only where the valid tables' append
-    wrote (never past the cache)."""
+    wrote (never past the cache). A decode step, or a prefill chunk of 20
+    queries over pages of 64 (the FA3 kernel)."""
     need_gpu()
-    prob = PagedProblem(rng_for("paged_dev_bad"), cache_lens=[10, 20, 30], seqlen_new=2,
-                        page_size=8, max_pages=5, heads_q=8, heads_kv=2, head_dim=128,
-                        dtype="bf16", seqlen_q=2, causal=True)
+    if prefill:
+        _need_fa3()
+        prob = PagedProblem(rng_for("paged_dev_bad_prefill"), cache_lens=[100, 200, 300],
+                            seqlen_new=20, page_size=64, max_pages=6, heads_q=8, heads_kv=2,
+                            head_dim=128, dtype="bf16", seqlen_q=20, causal=True)
+    else:
+        prob = PagedProblem(rng_for("paged_dev_bad"), cache_lens=[10, 20, 30], seqlen_new=2,
+                            page_size=8, max_pages=5, heads_q=8, heads_kv=2, head_dim=128,
+                            dtype="bf16", seqlen_q=2, causal=True)
     good = prob.run("gpu")
     assert good[0] == fa.FA_OK, fa.status_name(good[0])
 
@@ -449,14 +477,22 @@ for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
                               ("length_past_the_table", _lens(1, 39), 1),
                               ("negative_length", _lens(0, -3), 0)):
     case(f"gpu_paged_device_tables_bad_{name}", _device_tables_bad, mutate, bad_seq)
+for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
+                              ("negative_page", _table(2, 0, -7), 2),
+                              ("page_of_the_append_past_the_cache", _table(0, 1, 99), 0),
+                              ("length_past_the_table", _lens(1, 400), 1),
+                              ("negative_length", _lens(0, -3), 0)):
+    case(f"gpu_paged_device_tables_prefill_bad_{name}", _device_tables_bad, mutate, bad_seq,
+         prefill=True)
 
 
 @test
 def paged_device_tables_refused():
-    """tables_on_device outside the decode kernel: a prefill chunk
-    (seqlen_q > 16) on the GPU and every call on the CPU answer
-    FA_ERR_UNSUPPORTED, the flag without a block_table FA_ERR_NULL_POINTER,
-    with nothing written."""
+    """tables_on_device where no kernel reads the tables in place: a prefill
+    chunk (seqlen_q > 16) over pages of 8 (the FA3 kernel takes no box of 8
+    keys) on the GPU and every call on the CPU answer FA_ERR_UNSUPPORTED,
+    the flag without a block_table FA_ERR_NULL_POINTER, with nothing
+    written."""
     prob = PagedProblem(rng_for("paged_dev_refused"), cache_lens=[10, 20], seqlen_new=2,
                         seqlen_q=17, page_size=8, max_pages=4, dtype="bf16")
     decode = PagedProblem(rng_for("paged_dev_refused"), cache_lens=[10, 20], page_size=8,

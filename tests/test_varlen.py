@@ -181,6 +181,12 @@ RAGGED_CAUSAL_GQA = dict(lengths_q=[0, 1, 63, 64, 65, 1000, 300, 129],
                          heads_kv=2, head_dim=128)
 
 
+def _need_device_schedule():
+    need_gpu()
+    if fa.GPU.fa_test_gpu_cc() != 90:
+        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+
+
 def gpu_varlen_device_offsets_case(**cfg):
     """tables_on_device: the offsets in device memory, the schedule made on
     the device; forward and backward against the float64 reference, and
@@ -191,9 +197,7 @@ def gpu_varlen_device_offsets_case(**cfg):
     tiles in may differ; the backward's dK and dV bit for bit (a key
     block is one CTA's), dQ within 2^-7 of the host's (its atomics add in
     any order)."""
-    need_gpu()
-    if fa.GPU.fa_test_gpu_cc() != 90:
-        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+    _need_device_schedule()
     result = varlen_case(fwd="gpu", bwds=("gpu",), device_offsets=True, **cfg)
     prob = VarlenProblem(rng_for("varlen_device" + str(cfg)), device_offsets=True, **cfg)
     status, o, lse = prob.forward("gpu")
@@ -521,14 +525,18 @@ for name, mutate, expected, backends in (
 DEVICE_BAD_LQ, DEVICE_BAD_LK = [40, 30, 50, 20], [60, 30, 70, 25]
 
 
-def _device_offsets_bad(mutate, nan_seqs, kept_seqs, check_lse=True):
-    need_gpu()
-    if fa.GPU.fa_test_gpu_cc() != 90:
-        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+def _device_bad_problem():
+    """The problem the bad-offset cases mutate, and its valid forward."""
+    _need_device_schedule()
     prob = VarlenProblem(rng_for("varlen_device_bad"), DEVICE_BAD_LQ, DEVICE_BAD_LK, causal=True,
                          head_dim=128, dtype="bf16", device_offsets=True)
-    status, good_o, good_lse = prob.forward("gpu")
+    status, o, lse = prob.forward("gpu")
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    return prob, o, lse
+
+
+def _device_offsets_bad(mutate, nan_seqs, kept_seqs, check_lse=True):
+    prob, good_o, good_lse = _device_bad_problem()
     t = prob.forward_tensors(7.0)
     lse = np.full((prob.hq, prob.tq), 7.0, np.float32)
     p = prob.params(t, lse)
@@ -588,13 +596,7 @@ def _device_offsets_bad_backward(mutate, nan_seqs, kept_seqs):
     kept_seqs their 7.0 (not placed: the query or key offsets out of order
     or past the totals from there on); every other sequence's dK and dV
     the bits of the valid offsets', its dQ as close as _close_dq allows."""
-    need_gpu()
-    if fa.GPU.fa_test_gpu_cc() != 90:
-        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
-    prob = VarlenProblem(rng_for("varlen_device_bad"), DEVICE_BAD_LQ, DEVICE_BAD_LK, causal=True,
-                         head_dim=128, dtype="bf16", device_offsets=True)
-    status, o, lse = prob.forward("gpu")
-    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    prob, o, lse = _device_bad_problem()
     status, *good = prob.backward(o, lse, "gpu")
     assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
     t, lse_in = prob.backward_tensors(o, 7.0), prob.backward_lse(lse)
@@ -638,9 +640,7 @@ def gpu_varlen_device_offsets_graph():
     other offsets (the same totals) were written into the same device
     arrays, equals a direct call over those, bit for bit, as the first
     equals one over the first offsets."""
-    need_gpu()
-    if fa.GPU.fa_test_gpu_cc() != 90:
-        raise Skip("the device-built schedule runs on the FA3 kernel (compute capability 9.0)")
+    _need_device_schedule()
     prob = VarlenProblem(rng_for("varlen_device_graph"), [100, 0, 65, 300], [200, 7, 65, 250],
                          causal=True, head_dim=128, dtype="bf16", device_offsets=True)
     cu_q2 = np.array([0, 50, 100, 265, 465], np.int32)

@@ -94,7 +94,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 13
+#define FA_VERSION_MINOR 14
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
@@ -3233,6 +3233,11 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.14.0 tables_on_device: varlen's device offsets also for Hopper's
+          atomic-mode FA3 backward (the schedule made on the GPU; bad
+          offsets: NaN rows of dQ, dK, dV or nothing), and a paged cache's
+          device tables for prefill chunks (seqlen_q > 16) where Hopper's
+          FA3 forward reads the pages in place
    0.13.0 varlen: total_q, total_k (the packed tensors' rows); with
           tables_on_device cu_seqlens_q/k and seqused_k in device memory
           on Hopper's FA3 forward, the schedule made on the GPU (no host

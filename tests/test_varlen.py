@@ -667,6 +667,35 @@ def gpu_varlen_device_offsets_graph():
 case("gpu_varlen_device_offsets_graph", gpu_varlen_device_offsets_graph)
 
 
+def gpu_varlen_device_offsets_graph_backward():
+    """tables_on_device: a forward and a backward captured into one CUDA
+    graph (launched twice: the backward's memsets and schedule replay too)
+    equal the direct calls: O, LSE, dK and dV bit for bit, dQ as _close_dq
+    allows."""
+    _need_device_schedule()
+    prob = VarlenProblem(rng_for("varlen_device_graph_bwd"), [100, 0, 65, 300], [200, 7, 65, 250],
+                         used_k=[150, 7, 0, 250], causal=True, head_dim=128, dtype="bf16",
+                         device_offsets=True)
+    status, o, lse = prob.forward("gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    status, *direct = prob.backward(o, lse, "gpu")
+    assert status == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+    t = prob.backward_tensors(np.full(o.shape, np.nan))  # O from the graph's forward
+    graph_lse = np.full((prob.hq, prob.tq), np.nan, np.float32)
+    status = fa.GPU.fa_test_gpu_graph(ctypes.byref(prob.params(t, graph_lse)), 0)
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.GPU.fa_last_error_detail().decode()}"
+    got = [t[n].values()[0] for n in ("o", "dq", "dk", "dv")]
+    assert np.array_equal(got[0], o) and np.array_equal(graph_lse.astype(np.float64), lse), \
+        "the graph's forward differs"
+    assert np.array_equal(got[2], direct[1]) and np.array_equal(got[3], direct[2]), \
+        "the graph's dK or dV differ"
+    _close_dq(got[1], direct[0])
+    return "equal to the direct calls"
+
+
+case("gpu_varlen_device_offsets_graph_backward", gpu_varlen_device_offsets_graph_backward)
+
+
 def gpu_varlen_device_offsets_refused():
     """tables_on_device with varlen: the deterministic backward and one with
     accumulate_grads answer FA_ERR_UNSUPPORTED, a workspace one byte short

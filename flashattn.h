@@ -1,4 +1,4 @@
-/* flashattn.h - v0.13.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.14.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the

@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.13.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.14.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -33,11 +33,12 @@
                tensor maps per sequence, the longest first. Otherwise each
                sequence as a dense problem of batch 1, in turn on the
                stream, the LSE rows moved by 2-D copies (>> host, at the end).
-               tables_on_device (the forward on Hopper): the same one
-               launch, its maps and tile list made on the device
-               (fa_i_sched_order, fa_i_sched_sequences in >> combine).
+               tables_on_device (Hopper's FA3 forward and atomic-mode
+               backward): the same one launch, its maps and work list made
+               on the device (>> schedules).
      paged     the block table copied into the workspace (tables_on_device:
-               read in place, checked by the kernels), k_new/v_new
+               read in place, checked by the kernels; the FA3 forward's
+               schedule made on the device, >> schedules), k_new/v_new
                appended by a copy kernel; seqlen_q <= 16 on the decode
                kernel reading the pages in place, longer query chunks on
                the FA3 forward reading them in place where its key tile
@@ -55,7 +56,7 @@
 
    CONTENTS  sections in dataflow order; search for ">> name"
      >> api  >> options  >> tile tables  >> types  >> ptx helpers  >> common
-     >> fa1  >> fa2 forward  >> fa3 forward  >> decode  >> combine  >> quantize
+     >> fa1  >> fa2 forward  >> fa3 forward  >> decode  >> combine  >> schedules  >> quantize
      >> backward common  >> fa2 backward  >> fa3 backward  >> instantiation  >> host
 
    INCLUDE TREE  kernels are stamped per head dim and dtype by including this
@@ -3647,9 +3648,7 @@ FA_I_DECODE_WG_KERNEL(_wg_general, 1)
    dtype and layout); the row's LSE is written after a barrier, when every
    warp of the row has read the parts' (so lse may be lse_parts[0], or with
    accumulate o's own). Then two row copies: fa_i_fill_rows (varlen's rows
-   without keys) and fa_i_page_rows (a paged cache's append and gather),
-   and on Hopper the varlen schedule made on the device from offsets in
-   device memory (fa_i_sched_order, fa_i_sched_sequences). */
+   without keys) and fa_i_page_rows (a paged cache's append and gather). */
 #if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST
 #define FA_I_COMBINE_THREADS 256
 static __device__ __forceinline__ float fa_i_load_any(const void *base, int64_t i, fa_dtype dtype)
@@ -3824,9 +3823,10 @@ static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_row
             *dense = *in_cache;
     }
 }
+#endif /* >> combine */
 
-#if FA_I_SM90
-/* A schedule made on the device, for a ragged batch whose offsets, or a
+/* >> schedules ================================================================
+   A schedule made on the device, for a ragged batch whose offsets, or a
    paged cache whose tables, are in device memory (tables_on_device): the
    FA3 forward's (varlen, paged prefill) or backward's (varlen) items,
    entries and tensor maps made by small launches before the kernel, so
@@ -3847,6 +3847,7 @@ static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_row
    (fa_i_sched_fill). The backward's grid and postprocess run to bounds:
    the items and accumulator rows past the schedule's are set before
    (sequence -1: the CTA returns; 0 rows). */
+#if defined(FA_I_TOP) && !defined(FA_I_PASS) && FA_I_HOST && FA_I_SM90
 #define FA_I_SCHED_ORDER_THREADS 1024
 #define FA_I_SCHED_SEQ_THREADS 256
 enum { FA_I_FILL_O, FA_I_FILL_LSE };                   /* the forward's fills */
@@ -4093,8 +4094,7 @@ static __global__ void __launch_bounds__(FA_I_SCHED_SEQ_THREADS)
     (void)a;
 #endif
 }
-#endif /* FA_I_SM90 */
-#endif /* >> combine */
+#endif /* >> schedules */
 
 /* >> quantize =================================================================
    fa_cuda_quantize_fp8, block scaling: one CTA per block of FA_FP8_BLOCK

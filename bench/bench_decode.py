@@ -15,9 +15,10 @@ The library also reads the same K/V from paged caches (--paged, page sizes
 16, 64 and 256 by default: shuffled pages, fa_params.block_table), timed in
 the same rotation: the paged / dense columns, the block table in host
 memory; --device-tables PAGE_SIZES (default 64) times those page sizes
-again with the tables in device memory (fa_params.tables_on_device, Nq <=
-16): the "dev" columns. Rows with Nq > 16 (the last three by default) are
-prefill chunks against the cache.
+again with the tables in device memory (fa_params.tables_on_device, where
+the library serves it: Nq <= 16, and on Hopper prefill chunks over pages
+the FA3 forward reads in place): the "dev" columns. Rows with Nq > 16 (the
+last three by default) are prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense and paged decode in the same
 rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns); --rows "B,NK,NQ,D;..." runs
@@ -158,6 +159,9 @@ def run_row(b, nk, nq, d, reps):
         each with an O of its own; the first checked before any timing."""
         fns[key] = [Decode(q_, k_, v_, torch.full_like(q_, float("nan")), lib, page_size,
                            device_tables) for q_, k_, v_ in inputs]
+        if device_tables and lib.fa_cuda_supported(ctypes.byref(fns[key][0].p), 0) != fa.FA_OK:
+            del fns[key]  # a shape tables_on_device does not serve (its column: "-")
+            return
         fns[key][0]()
         torch.cuda.synchronize()
         row[f"err_{key}"] = err(fns[key][0].tensors[3])
@@ -168,7 +172,7 @@ def run_row(b, nk, nq, d, reps):
     row["splits"] = splits_of(fns["ours"][0], d)
     for ps in PAGE_SIZES:
         decode(f"paged{ps}", fa.GPU, ps)
-    for ps in DEVICE_PAGE_SIZES if nq <= 16 else ():
+    for ps in DEVICE_PAGE_SIZES:
         decode(f"dev{ps}", fa.GPU, ps, device_tables=True)
     for name, lib in EXTRA:  # other builds' dense and paged decode, for same-process A/B
         decode(name, lib)

@@ -12,8 +12,11 @@ bench/results_varlen.md (or OUT/results_varlen.md with --out OUT).
 --profile: no timing; the non-causal varlen and dense calls made (a
 forward each), then one backward of each, for a profiler, e.g.
   ncu -k regex:bwd --section SpeedOfLight python3 bench/bench_varlen.py --profile
+--extra NAME=SHIM (repeatable): another build's varlen forward and backward
+(host offsets) timed in the same rotation, printed as ratios to this
+build's (a same-process A/B; not written to the results file).
 
-Usage: python3 bench/bench_varlen.py [--out DIR] [--profile]
+Usage: python3 bench/bench_varlen.py [--out DIR] [--profile] [--extra NAME=SHIM ...]
 """
 import ctypes
 import datetime
@@ -35,10 +38,11 @@ import fa  # noqa: E402
 HEADS, DIM, ROUNDS, REPS = 16, 128, 5, 10
 
 
-def make_call(lengths, causal, varlen, device_offsets=False):
+def make_call(lengths, causal, varlen, device_offsets=False, lib=None):
     """(forward, backward) closures over fresh bf16 inputs; varlen: one packed
     batch with host cu_seqlens (device_offsets: in device memory), else a dense batch of len(lengths) sequences of
-    lengths[0] tokens."""
+    lengths[0] tokens. lib: the build (default fa.GPU)."""
+    lib = lib or fa.GPU
     total = int(sum(lengths))
     shape = (1, total, HEADS, DIM) if varlen else (len(lengths), lengths[0], HEADS, DIM)
     q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -64,8 +68,8 @@ def make_call(lengths, causal, varlen, device_offsets=False):
     for name, t in dict(q=q, k=k, v=v, o=o, dout=dout, dq=dq, dk=dk, dv=dv).items():
         setattr(p, name, t.data_ptr())
     p.lse = lse.data_ptr()
-    size = max(fa.GPU.fa_cuda_forward_workspace_size(ctypes.byref(p)),
-               fa.GPU.fa_cuda_backward_workspace_size(ctypes.byref(p), 0), 16)
+    size = max(lib.fa_cuda_forward_workspace_size(ctypes.byref(p)),
+               lib.fa_cuda_backward_workspace_size(ctypes.byref(p), 0), 16)
     ws = torch.empty(size, device="cuda", dtype=torch.uint8)
     keep += [q, k, v, dout, o, dq, dk, dv, lse, ws]
 
@@ -73,14 +77,14 @@ def make_call(lengths, causal, varlen, device_offsets=False):
         return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def forward():
-        s = fa.GPU.fa_cuda_forward(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()),
+        s = lib.fa_cuda_forward(ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()),
                                    ctypes.c_size_t(size), stream())
-        assert s == fa.FA_OK and keep, fa.GPU.fa_last_error_detail().decode()
+        assert s == fa.FA_OK and keep, lib.fa_last_error_detail().decode()
 
     def backward():
-        s = fa.GPU.fa_cuda_backward(ctypes.byref(p), 0, ctypes.c_void_p(ws.data_ptr()),
+        s = lib.fa_cuda_backward(ctypes.byref(p), 0, ctypes.c_void_p(ws.data_ptr()),
                                     ctypes.c_size_t(size), stream())
-        assert s == fa.FA_OK, fa.GPU.fa_last_error_detail().decode()
+        assert s == fa.FA_OK, lib.fa_last_error_detail().decode()
 
     forward()
     return forward, backward
@@ -100,6 +104,8 @@ def host_ms(fn, reps=5):
 
 def main():
     out = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else HERE
+    extra = [(a.split("=", 1)[0], fa.load_gpu(os.path.abspath(a.split("=", 1)[1])))
+             for i, a in enumerate(sys.argv) if i > 0 and sys.argv[i - 1] == "--extra"]
     rng = np.random.default_rng(0)
     lengths = [int(x) for x in rng.integers(128, 8193, 32)]
     dense_n = int(round(sum(x * x for x in lengths) / sum(lengths)))
@@ -117,8 +123,10 @@ def main():
         vf, vb = make_call(lengths, causal, True)
         df, db = make_call([dense_n] * dense_b, causal, False)
         ddf, ddb = make_call(lengths, causal, True, device_offsets=True)
-        t = bg.alternating_ms({"vf": vf, "df": df, "vb": vb, "db": db, "ddf": ddf, "ddb": ddb},
-                              ROUNDS, REPS, 0.1)
+        fns = {"vf": vf, "df": df, "vb": vb, "db": db, "ddf": ddf, "ddb": ddb}
+        for name, lib in extra:
+            fns[name + "_f"], fns[name + "_b"] = make_call(lengths, causal, True, lib=lib)
+        t = bg.alternating_ms(fns, ROUNDS, REPS, 0.1)
         med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
         r = dict(causal=causal, v_fwd=flops / med["vf"] * 1e-9, d_fwd=dense_flops / med["df"] * 1e-9,
                  dev_fwd=flops / med["ddf"] * 1e-9, host_dev=host_ms(ddf),
@@ -127,6 +135,10 @@ def main():
                  ms_fwd=med["vf"], ms_bwd=med["vb"], host_fwd=host_ms(vf), host_bwd=host_ms(vb))
         rows.append(r)
         print(r, flush=True)
+        for name, _ in extra:  # time ratios: above 1 is faster than this build
+            print(f"A/B causal={causal} {name}: varlen fwd {med['vf'] / med[name + '_f']:.3f}, "
+                  f"bwd {med['vb'] / med[name + '_b']:.3f} (this build's time / {name}'s)",
+                  flush=True)
     lines = [
         "# Ragged batches on the GPU",
         "",

@@ -6799,13 +6799,23 @@ FA_API fa_status fa_cuda_backward(const fa_params *params, int deterministic, vo
    start by 2-D copies; rows that see no key and keys no row sees are filled
    (fa_i_fill_rows). Every sequence is planned, and checked, before anything
    is enqueued. */
+/* A tensor whose rows a fill sets: base, layout, heads, d, dtype (the rows
+   and value: the fill's). */
+static void fa_i_fill_of(fa_i_fill_args *f, void *base, const fa_layout *l, int heads, int d,
+                         fa_dtype dtype)
+{
+    memset(f, 0, sizeof *f);
+    f->base = base, f->l = *l, f->heads = heads, f->d = d, f->dtype = dtype;
+}
+
 static fa_status fa_i_fill(void *base, const fa_layout *l, int rows, int heads, int d,
                            fa_dtype dtype, float value, cudaStream_t stream)
 {
     fa_i_fill_args a;
     const int64_t n = (int64_t)rows * heads * d;
     if (n <= 0) return FA_OK;
-    a.base = base, a.l = *l, a.rows = rows, a.heads = heads, a.d = d, a.dtype = dtype, a.value = value;
+    fa_i_fill_of(&a, base, l, heads, d, dtype);
+    a.rows = rows, a.value = value;
     return fa_i_launch((const void *)fa_i_fill_rows, dim3(fa_i_blocks(n, 256)), 256, 0, stream, &a,
                        NULL);
 }
@@ -7217,14 +7227,6 @@ static fa_status fa_i_sched_launch(const fa_i_dev_sched *a, const fa_i_device *d
     return s;
 }
 
-/* The rows fa_i_sched_fill may set in tensor f. */
-static void fa_i_fill_of(fa_i_fill_args *f, void *base, const fa_layout *l, int heads,
-                         int d, fa_dtype dtype)
-{
-    memset(f, 0, sizeof *f);
-    f->base = base, f->l = *l, f->heads = heads, f->d = d, f->dtype = dtype;
-}
-
 /* A ragged batch with its offsets in device memory (tables_on_device): the
    FA3 forward, or backward (atomic mode, 16-bit gradients), of the longest
    sequence the bounds allow (seqlen_q, seqlen_k), on the schedule
@@ -7303,18 +7305,15 @@ static fa_status fa_i_varlen_device(const fa_params *p, fa_i_seq_call *call)
     fa_i_sched_tensors(&a, &run, bwd);
     if (bwd) {
         const fa_dtype gt = fa_i_grad_dtype(&run);
-        fa_i_fill_of(&a.fill[FA_I_FILL_DQ], run.dq, &run.dq_layout, p->heads_q,
-                            p->head_dim, gt);
-        fa_i_fill_of(&a.fill[FA_I_FILL_DK], run.dk, &run.dk_layout, p->heads_kv,
-                            p->head_dim, gt);
-        fa_i_fill_of(&a.fill[FA_I_FILL_DV], run.dv, &run.dv_layout, p->heads_kv,
-                            p->head_dim_v, gt);
+        fa_i_fill_of(&a.fill[FA_I_FILL_DQ], run.dq, &run.dq_layout, p->heads_q, p->head_dim, gt);
+        fa_i_fill_of(&a.fill[FA_I_FILL_DK], run.dk, &run.dk_layout, p->heads_kv, p->head_dim, gt);
+        fa_i_fill_of(&a.fill[FA_I_FILL_DV], run.dv, &run.dv_layout, p->heads_kv, p->head_dim_v,
+                     gt);
     } else {
         const fa_layout lse_l = {0, p->total_q, 1}; /* batch, head, seq strides */
-        fa_i_fill_of(&a.fill[FA_I_FILL_O], run.o, &run.o_layout, p->heads_q,
-                            p->head_dim_v, run.o_dtype);
-        fa_i_fill_of(&a.fill[FA_I_FILL_LSE], p->lse, &lse_l, p->heads_q, 1,
-                            FA_DTYPE_F32);
+        fa_i_fill_of(&a.fill[FA_I_FILL_O], run.o, &run.o_layout, p->heads_q, p->head_dim_v,
+                     run.o_dtype);
+        fa_i_fill_of(&a.fill[FA_I_FILL_LSE], p->lse, &lse_l, p->heads_q, 1, FA_DTYPE_F32);
     }
     if (bwd) { /* D over the packed rows; the accumulator, items and rows past the schedule's */
         float *acc = args.a.dq_acc;
@@ -7582,18 +7581,36 @@ static fa_params fa_i_paged_tail(const fa_params *p, int b, int nk, int *last)
    tables, fa_i_paged_fa3_bytes long. Sequences without keys are filled
    apart. *taken = 0 under stream capture (the schedule is copied from host
    memory) or where the driver refuses a map: the caller gathers. */
+/* The in-place FA3 forward's own K and V maps of a paged p: the whole
+   cache {d, row in page, head, page}, boxes of the key tile or of a page
+   where pages are smaller (*boxed: k with that box, which its sequences'
+   last-page maps take too), the table (device memory) and the page
+   shift; 0 where the driver refuses a map. */
+static int fa_i_paged_cache_maps(const fa_params *p, const fa_i_kernel *k, const int32_t *table,
+                                 fa_i_tma_maps *maps, fa_i_kernel *boxed)
+{
+    fa_params cache = *p;
+    *boxed = *k;
+    boxed->keys = p->page_size < k->keys ? p->page_size : k->keys;
+    cache.batch = p->num_pages;
+    memset(maps, 0, sizeof *maps);
+    maps->pages = table;
+    while ((1 << maps->page_shift) < p->page_size) ++maps->page_shift;
+    return fa_i_tma_map(&maps->k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim,
+                        p->page_size, p->heads_kv, boxed->keys) &&
+           fa_i_tma_map(&maps->v, p->v, &p->v_layout, &cache, p->dtype, p->head_dim_v,
+                        p->page_size, p->heads_kv, boxed->keys);
+}
+
 static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_seq_call *call,
                                 const int32_t *table_dev, void *ws, int *taken)
 {
     fa_i_device dev;
     fa_i_varlen_stage st;
     fa_i_tma_maps maps;
-    fa_params run = *p, cache = *p, seq;
+    fa_params run = *p, seq;
     const int blocks_m = fa_i_blocks(p->seqlen_q, k->rows);
-    /* the TMA box of keys: the tile, or a page where pages are smaller (the
-       kernel's box rows; its sequences' last-page maps take the same boxes) */
-    const int box = p->page_size < k->keys ? p->page_size : k->keys;
-    fa_i_kernel boxed = *k;
+    fa_i_kernel boxed;
     int b, c, seqs = 0, last;
     cudaStreamCaptureStatus capture;
     fa_status s;
@@ -7604,14 +7621,7 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
         cudaStreamIsCapturing(call->stream, &capture) != cudaSuccess ||
         capture != cudaStreamCaptureStatusNone)
         return FA_OK;
-    cache.batch = p->num_pages; /* {d, row in page, head, page} */
-    boxed.keys = box;
-    memset(&maps, 0, sizeof maps);
-    if (!fa_i_tma_map(&maps.k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim, p->page_size,
-                      p->heads_kv, box) ||
-        !fa_i_tma_map(&maps.v, p->v, &p->v_layout, &cache, p->dtype, p->head_dim_v, p->page_size,
-                      p->heads_kv, box))
-        return FA_OK;
+    if (!fa_i_paged_cache_maps(p, k, table_dev, &maps, &boxed)) return FA_OK; /* gathered */
     fa_i_varlen_layout(&st, ws, seqs, sizeof(fa_i_tma_maps), call->stream);
     for (c = 62; c >= 0; --c)
         for (b = 0; b < p->batch; ++b) {
@@ -7638,8 +7648,6 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
     maps.seq_maps = (const fa_i_tma_maps *)st.dev_maps, maps.seqs = st.dev_seqs;
     maps.tiles = st.dev_items, maps.num_tiles = seqs * p->heads_q * blocks_m;
     maps.lse_head = p->seqlen_q;
-    maps.pages = table_dev;
-    while ((1 << maps.page_shift) < p->page_size) ++maps.page_shift;
     run.block_table = NULL, run.cache_seqlens = NULL;
     return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(maps.num_tiles, &dev)), k->threads, k->smem,
                        call->stream, &run, &maps);
@@ -7658,11 +7666,11 @@ static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, voi
     fa_i_dev_sched a;
     fa_i_tma_maps maps, tmpl;
     fa_i_bwd_args none;
-    fa_params run = *p, cache = *p, seq = *p;
+    fa_params run = *p, seq = *p;
     const fa_layout lse_l = {(int64_t)p->heads_q * p->seqlen_q, p->seqlen_q, 1};
     const int blocks_m = fa_i_blocks(p->seqlen_q, k->rows);
     const int64_t items = (int64_t)p->batch * p->heads_q * blocks_m;
-    fa_i_kernel boxed = *k; /* the TMA box of keys: the tile, or a page where pages are smaller */
+    fa_i_kernel boxed;
     cudaError_t e;
     fa_status s;
     if ((e = fa_i_device_facts(&dev)) != cudaSuccess)
@@ -7670,14 +7678,8 @@ static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, voi
     if (blocks_m > 0xffff || items > 0x7fffffff) /* the items' fields */
         return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: seqlen_q %d, batch %d: past the "
                          "schedule's fields", p->seqlen_q, p->batch);
-    boxed.keys = p->page_size < k->keys ? p->page_size : k->keys;
-    cache.batch = p->num_pages; /* {d, row in page, head, page} */
     seq.batch = 1, seq.seqlen_k = p->page_size;
-    memset(&maps, 0, sizeof maps);
-    if (!fa_i_tma_map(&maps.k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim, p->page_size,
-                      p->heads_kv, boxed.keys) ||
-        !fa_i_tma_map(&maps.v, p->v, &p->v_layout, &cache, p->dtype, p->head_dim_v,
-                      p->page_size, p->heads_kv, boxed.keys) ||
+    if (!fa_i_paged_cache_maps(p, k, p->block_table, &maps, &boxed) ||
         !fa_i_fa3_maps(&seq, &boxed, &tmpl))
         return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: the driver refused a tensor map "
                          "of the cache");
@@ -7696,8 +7698,7 @@ static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, voi
     if ((s = fa_i_sched_launch(&a, &dev, stream)) != FA_OK) return s;
     maps.seq_maps = (const fa_i_tma_maps *)a.seq_maps, maps.seqs = a.seqs;
     maps.tiles = a.items, maps.num_tiles = (int)items, maps.tile_count = a.ctl;
-    maps.lse_head = p->seqlen_q, maps.pages = p->block_table;
-    while ((1 << maps.page_shift) < p->page_size) ++maps.page_shift;
+    maps.lse_head = p->seqlen_q;
     run.block_table = NULL, run.cache_seqlens = NULL;
     return fa_i_launch(k->fn, dim3(fa_i_fa3_ctas(items, &dev)), k->threads, k->smem, stream, &run,
                        &maps);

@@ -44,7 +44,9 @@
                the FA3 forward reading them in place where its key tile
                divides the page or a page divides the tile in at most 4
                boxes (one launch, as varlen), else gathered per
-               sequence and run dense (>> host, at the end).
+               sequence and run dense (>> host, at the end); with
+               tables_on_device every sequence gathered at once, then
+               the one launch.
    Head dims 32 64 96 128 160 192 256, f16 and bf16 (and fp8 as above);
    other head dims up to 256 run on a larger head dim's kernels, the
    columns past d zero-filled on load and never stored (fa_i_find_kernels);
@@ -3780,7 +3782,9 @@ static __global__ void fa_i_fill_rows(const fa_i_fill_args a)
 /* Rows between a paged cache and dense tensors, K and V in one launch
    (grid z): the append (to_pages: rows [0, rows) of dense sequence b into
    its cache rows start[b] + ...) and the gather of a sequence's first `rows`
-   cache rows into dense rows in the workspace (start NULL). table: the
+   cache rows into dense rows in the workspace (start NULL), or with
+   `count` (device tables) its first count[b] + count_add (its keys; none
+   where that is out of range: the schedule finds the sequence). table: the
    workspace's copy of the block table, entries checked on the host, or
    the caller's (tables_on_device): an append past `capacity` keys is not
    written, nor a row whose entry is not a page. A CTA
@@ -3794,8 +3798,8 @@ typedef struct fa_i_page_rows_args {
     char *dense[2];
     fa_layout dense_l[2];
     int chunks[2]; /* 16-byte chunks of a head's row */
-    const int32_t *table, *start;
-    int max_pages, page_size, num_pages;
+    const int32_t *table, *start, *count;
+    int max_pages, page_size, num_pages, count_add;
     int64_t capacity; /* keys a sequence may hold: min(seqlen_k, max_pages page_size) */
     int rows, heads, elem_bytes, to_pages;
 } fa_i_page_rows_args;
@@ -3804,11 +3808,12 @@ static __global__ void __launch_bounds__(256) fa_i_page_rows(const fa_i_page_row
 {
     const int kv = blockIdx.z, b = blockIdx.y, chunks = a.chunks[kv], per_row = a.heads * chunks;
     const int r0 = blockIdx.x * FA_I_PAGE_ROWS_CTA, start = a.start ? a.start[b] : 0;
+    const int64_t rows = a.count ? (int64_t)a.count[b] + a.count_add : a.rows;
     int i;
-    if (start < 0 || start + (int64_t)a.rows > a.capacity) return;
+    if (start < 0 || rows < 0 || start + rows > a.capacity) return;
     for (i = threadIdx.x; i < FA_I_PAGE_ROWS_CTA * per_row; i += blockDim.x) {
         const int r = r0 + i / per_row, hc = i % per_row, h = hc / chunks, c = hc % chunks;
-        if (r >= a.rows) break;
+        if (r >= rows) break;
         const int row = start + r;
         const int64_t page = a.table[(int64_t)b * a.max_pages + row / a.page_size];
         if ((uint64_t)page >= (uint64_t)a.num_pages) continue;
@@ -3857,15 +3862,18 @@ typedef struct fa_i_dev_sched {
        rows (the template's dims but the rows), their base, and the bytes
        from a unit to the next: varlen a row (a sequence's first row: its
        offset), paged a batch for q and o (its index), a page for k and v
-       (its last page: a sequence's k and v maps hold that page's rows) */
+       (its last page: a sequence's k and v maps hold that page's rows; a
+       batch where gathered) */
     CUtensorMap tmpl[4];
     const char *base[4];
     int64_t unit_bytes[4];
     const int32_t *cu_q, *cu_k, *used; /* varlen */
     /* paged (table set): sequence b's keys cache_len[b] + seqlen_new from
-       row b of the table (max_pages entries of pages of page_size keys) */
+       row b of the table (max_pages entries of pages of page_size keys);
+       gathered: the kernel reads them from batch b of dense K and V (base,
+       unit_bytes) that fa_i_page_rows filled, not from the pages */
     const int32_t *table, *cache_len;
-    int seqlen_new, max_pages, page_size, num_pages;
+    int seqlen_new, max_pages, page_size, num_pages, gathered;
     int batch, heads_q, causal;
     int backward; /* items {sequence, first key} of key blocks, else query tiles */
     int rows;     /* of an item: the forward's query tile, the backward's key tile */
@@ -4039,8 +4047,8 @@ static __device__ void fa_i_sched_map(const fa_i_dev_sched *a, int m, int b,
     const uint32_t at = fa_i_smem_addr(staged);
     int64_t unit = keys ? e->k0 : e->q0; /* varlen: rows */
     int rows = keys ? e->nk : e->nq;
-    if (a->table && !keys) unit = b;
-    if (a->table && keys) { /* the last page's rows */
+    if (a->table && (!keys || a->gathered)) unit = b;
+    else if (a->table) { /* the last page's rows */
         const int last = (e->nk - 1) / a->page_size;
         unit = a->table[e->pages0 + last], rows = e->nk - last * a->page_size;
     }
@@ -7473,19 +7481,47 @@ static fa_status fa_i_varlen_run(const fa_params *params, fa_i_seq_call *call)
     return s;
 }
 
+/* The keys a sequence of a paged p may hold: min(seqlen_k, max_pages page_size). */
+static int64_t fa_i_paged_capacity(const fa_params *p)
+{
+    const int64_t pages = (int64_t)p->max_pages * p->page_size;
+    return pages < p->seqlen_k ? pages : p->seqlen_k;
+}
+
+/* p's K and V as dense tensors of `rows` keys a batch at base (V from
+   16-byte-rounded K bytes on; base NULL: only counted): into *g, a copy of
+   p. Their bytes. */
+static size_t fa_i_paged_dense_kv(const fa_params *p, int64_t rows, char *base, fa_params *g)
+{
+    const size_t es = fa_dtype_size(p->dtype);
+    const size_t k_bytes = (es * p->batch * rows * p->heads_kv * p->head_dim + 15) / 16 * 16;
+    *g = *p;
+    g->k = base, g->v = base ? base + k_bytes : NULL;
+    g->k_layout.head = p->head_dim, g->k_layout.seq = (int64_t)p->heads_kv * p->head_dim;
+    g->k_layout.batch = rows * g->k_layout.seq;
+    g->v_layout.head = p->head_dim_v, g->v_layout.seq = (int64_t)p->heads_kv * p->head_dim_v;
+    g->v_layout.batch = rows * g->v_layout.seq;
+    return k_bytes + (es * p->batch * rows * p->heads_kv * p->head_dim_v + 15) / 16 * 16;
+}
+
 /* A paged cache (block_table, cache_seqlens in host memory, as on the CPU):
    checked, then both arrays are copied into the workspace's start, where
    the kernels read them (tables_on_device: the kernels read the caller's
-   and check them, decode only); k_new, v_new go into their pages (fa_i_page_rows);
+   and check them); k_new, v_new go into their pages (fa_i_page_rows);
    then the decode kernel reads the pages in place (seqlen_q <=
-   FA_I_DECODE_MAX_Q, its memory-bound case), or else each sequence's keys
-   are gathered into the workspace and run as a dense problem of batch 1 on
-   the dense path's kernels (a query chunk long enough that attending costs
-   more than the copy). */
+   FA_I_DECODE_MAX_Q, its memory-bound case); longer query chunks run on
+   Hopper's FA3 forward reading the pages in place where its key tile and
+   the page size fit, or else each sequence's keys are gathered into the
+   workspace (a query chunk long enough that attending costs more than the
+   copy): with host tables one sequence at a time, as a dense problem of
+   batch 1 on the dense path's kernels; with device tables every
+   sequence's at once, for one launch of the FA3 forward on the device's
+   schedule. */
 static fa_status fa_i_page_copy(const fa_params *p, const int32_t *table, const int32_t *start,
-                                const void *dense_k, const fa_layout *dense_k_l,
-                                const void *dense_v, const fa_layout *dense_v_l, int batch,
-                                int rows, cudaStream_t stream)
+                                const int32_t *count, const void *dense_k,
+                                const fa_layout *dense_k_l, const void *dense_v,
+                                const fa_layout *dense_v_l, int batch, int rows,
+                                cudaStream_t stream)
 {
     fa_i_page_rows_args a;
     a.cache[0] = (char *)p->k, a.cache[1] = (char *)p->v;
@@ -7495,9 +7531,9 @@ static fa_status fa_i_page_copy(const fa_params *p, const int32_t *table, const 
     a.elem_bytes = (int)fa_dtype_size(p->dtype);
     a.chunks[0] = p->head_dim * a.elem_bytes / 16, a.chunks[1] = p->head_dim_v * a.elem_bytes / 16;
     a.table = table, a.start = start, a.max_pages = p->max_pages, a.page_size = p->page_size;
+    a.count = count, a.count_add = p->seqlen_new;
     a.num_pages = p->num_pages;
-    a.capacity = (int64_t)p->max_pages * p->page_size;
-    if (a.capacity > p->seqlen_k) a.capacity = p->seqlen_k;
+    a.capacity = fa_i_paged_capacity(p);
     a.rows = rows, a.heads = p->heads_kv, a.to_pages = start != NULL;
     if (batch <= 0 || rows <= 0) return FA_OK;
     return fa_i_launch((const void *)fa_i_page_rows,
@@ -7653,24 +7689,29 @@ static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_s
                        call->stream, &run, &maps);
 }
 
-/* A paged prefill chunk with its tables in device memory: the in-place FA3
-   forward k (as fa_i_paged_fa3) on a schedule made on the device
-   (fa_i_dev_sched): per sequence its Q and O maps (batch b's rows) and its
-   last page's K and V maps, the templates batch 0's rows and a page's;
-   sequences whose length or page entries are out of range get O and LSE
-   rows of NaN. ws NULL: *need only. */
-static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, void *ws,
-                                   cudaStream_t stream, size_t *need)
+/* A paged prefill chunk with its tables in device memory: the FA3 forward
+   k on a schedule made on the device (fa_i_dev_sched): per sequence its Q
+   and O maps (batch b's rows) and its K and V maps, the templates batch 0's
+   rows; sequences whose length or page entries are out of range get O and
+   LSE rows of NaN. In place (as fa_i_paged_fa3), K and V maps of the
+   sequence's last page, the kernel's own maps the whole cache; gathered
+   (pages k does not read in place), every sequence's keys first copied
+   into dense [B, capacity] K and V at the workspace's start (fa_i_page_rows
+   with the lengths from device memory) and its K and V maps that batch's
+   rows. ws NULL: *need only. */
+static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, int gathered,
+                                   void *ws, cudaStream_t stream, size_t *need)
 {
     fa_i_device dev;
     fa_i_dev_sched a;
     fa_i_tma_maps maps, tmpl;
     fa_i_bwd_args none;
-    fa_params run = *p, seq = *p;
+    fa_params run = *p, seq, kv = *p; /* kv: the K and V the kernel reads */
     const fa_layout lse_l = {(int64_t)p->heads_q * p->seqlen_q, p->seqlen_q, 1};
     const int blocks_m = fa_i_blocks(p->seqlen_q, k->rows);
-    const int64_t items = (int64_t)p->batch * p->heads_q * blocks_m;
-    fa_i_kernel boxed;
+    const int64_t items = (int64_t)p->batch * p->heads_q * blocks_m, cap = fa_i_paged_capacity(p);
+    const size_t gather = gathered ? fa_i_paged_dense_kv(p, cap, (char *)ws, &kv) : 0;
+    fa_i_kernel boxed = *k;
     cudaError_t e;
     fa_status s;
     if ((e = fa_i_device_facts(&dev)) != cudaSuccess)
@@ -7678,23 +7719,31 @@ static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, voi
     if (blocks_m > 0xffff || items > 0x7fffffff) /* the items' fields */
         return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: seqlen_q %d, batch %d: past the "
                          "schedule's fields", p->seqlen_q, p->batch);
-    seq.batch = 1, seq.seqlen_k = p->page_size;
-    if (!fa_i_paged_cache_maps(p, k, p->block_table, &maps, &boxed) ||
+    if (gathered && !ws) kv.k = p->k, kv.v = p->v; /* an address for the maps' check */
+    seq = kv, seq.batch = 1, seq.seqlen_k = gathered ? (int)cap : p->page_size;
+    memset(&maps, 0, sizeof maps);
+    if ((!gathered && !fa_i_paged_cache_maps(p, k, p->block_table, &maps, &boxed)) ||
         !fa_i_fa3_maps(&seq, &boxed, &tmpl))
         return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: the driver refused a tensor map "
                          "of the cache");
+    if (gathered) maps.k = tmpl.k, maps.v = tmpl.v; /* prefetched; every tile from a sequence's */
     memset(&a, 0, sizeof a);
     a.tmpl[0] = tmpl.q, a.tmpl[1] = tmpl.k, a.tmpl[2] = tmpl.v, a.tmpl[3] = tmpl.o;
     a.table = p->block_table, a.cache_len = p->cache_seqlens, a.seqlen_new = p->seqlen_new;
     a.max_pages = p->max_pages, a.page_size = p->page_size, a.num_pages = p->num_pages;
+    a.gathered = gathered;
     a.batch = p->batch, a.heads_q = p->heads_q, a.causal = p->causal, a.rows = k->rows;
     a.max_q = p->seqlen_q, a.max_k = p->seqlen_k, a.map_bytes = (int)sizeof(fa_i_tma_maps);
-    *need = fa_i_sched_workspace(&a, NULL, items, 0, 0, &none);
+    *need = gather + fa_i_sched_workspace(&a, NULL, items, 0, 0, &none);
     if (!ws) return FA_OK;
-    fa_i_sched_workspace(&a, ws, items, 0, 0, &none);
-    fa_i_sched_tensors(&a, p, 0);
+    fa_i_sched_workspace(&a, (char *)ws + gather, items, 0, 0, &none);
+    fa_i_sched_tensors(&a, &kv, 0);
     fa_i_fill_of(&a.fill[FA_I_FILL_O], p->o, &p->o_layout, p->heads_q, p->head_dim_v, p->o_dtype);
     fa_i_fill_of(&a.fill[FA_I_FILL_LSE], p->lse, &lse_l, p->heads_q, 1, FA_DTYPE_F32);
+    if (gathered &&
+        (s = fa_i_page_copy(p, p->block_table, NULL, p->cache_seqlens, kv.k, &kv.k_layout, kv.v,
+                            &kv.v_layout, p->batch, (int)cap, stream)) != FA_OK)
+        return s;
     if ((s = fa_i_sched_launch(&a, &dev, stream)) != FA_OK) return s;
     maps.seq_maps = (const fa_i_tma_maps *)a.seq_maps, maps.seqs = a.seqs;
     maps.tiles = a.items, maps.num_tiles = (int)items, maps.tile_count = a.ctl;
@@ -7716,6 +7765,7 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     int64_t es;
     int taken = 0, b;
     const fa_i_kernel *fa3 = NULL; /* the FA3 forward that reads the pages in place */
+    int gathered = 0; /* device tables where fa3 does not: the keys gathered first */
     fa_status s = fa_i_cuda_check(params, call->pass, call->deterministic, p, &plan.k, &dev);
     cudaError_t e;
     if (s != FA_OK) return s;
@@ -7736,14 +7786,19 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     if (!taken && p->tables_on_device) { /* the other paths plan from the tables' contents */
 #if FA_I_SM90
         fa3 = fa_i_paged_fa3_kernel(p, plan.k, &dev);
-        if (fa3 && (s = fa_i_paged_device(p, fa3, NULL, call->stream, &plan.workspace)) != FA_OK)
+        if (!fa3 && p->dtype != FA_DTYPE_FP8_E4M3) {
+            fa3 = fa_i_fa3_pick(p, plan.k);
+            gathered = 1;
+            if (!fa_i_fa3_compiled(fa3->fn, fa3->smem, &dev)) fa3 = NULL;
+        }
+        if (fa3 &&
+            (s = fa_i_paged_device(p, fa3, gathered, NULL, call->stream, &plan.workspace)) != FA_OK)
             return s;
 #endif
         if (!fa3)
             return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: seqlen_q %d; the decode "
-                             "kernel (seqlen_q <= %d) or Hopper's FA3 forward where its key tile "
-                             "and the page size fit (powers of two)", p->seqlen_q,
-                             FA_I_DECODE_MAX_Q);
+                             "kernel (seqlen_q <= %d) or Hopper's FA3 forward (16-bit K/V)",
+                             p->seqlen_q, FA_I_DECODE_MAX_Q);
         plan.algorithm = 3;
     } else if (!taken) { /* a dense K and V of the longest sequence, or the in-place schedule */
         plan.workspace = (size_t)es * p->seqlen_k * p->heads_kv * (p->head_dim + p->head_dim_v);
@@ -7779,7 +7834,7 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
             return fa_i_cuda_error(e, "cudaMemcpyAsync of the block table");
     }
     if (p->seqlen_new > 0 &&
-        (s = fa_i_page_copy(p, table_dev, seqlens_dev, p->k_new, &p->k_new_layout, p->v_new,
+        (s = fa_i_page_copy(p, table_dev, seqlens_dev, NULL, p->k_new, &p->k_new_layout, p->v_new,
                             &p->v_new_layout, p->batch, p->seqlen_new, call->stream)) != FA_OK)
         return s;
     if (taken) { /* the kernel reads the tables through p */
@@ -7788,7 +7843,7 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     }
 #if FA_I_SM90
     if (fa3 && p->tables_on_device)
-        return fa_i_paged_device(p, fa3, rest, call->stream, &plan.workspace);
+        return fa_i_paged_device(p, fa3, gathered, rest, call->stream, &plan.workspace);
     if (fa3 && ((s = fa_i_paged_fa3(p, fa3, call, table_dev, rest, &taken)) != FA_OK || taken))
         return s;
 #endif
@@ -7803,14 +7858,10 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
             s = fa_i_paged_no_keys(p, b, call->stream);
             continue;
         }
-        seq.k = rest, seq.v = rest + (size_t)es * nk * p->heads_kv * p->head_dim;
-        seq.k_layout.head = p->head_dim, seq.k_layout.seq = (int64_t)p->heads_kv * p->head_dim;
-        seq.k_layout.batch = nk * seq.k_layout.seq;
-        seq.v_layout.head = p->head_dim_v, seq.v_layout.seq = (int64_t)p->heads_kv * p->head_dim_v;
-        seq.v_layout.batch = nk * seq.v_layout.seq;
+        fa_i_paged_dense_kv(&seq, nk, rest, &seq);
         seq.block_table = NULL, seq.cache_seqlens = NULL;
         seq.k_new = seq.v_new = NULL, seq.seqlen_new = 0;
-        if ((s = fa_i_page_copy(p, table_dev + (size_t)b * p->max_pages, NULL, seq.k, &seq.k_layout,
+        if ((s = fa_i_page_copy(p, table_dev + (size_t)b * p->max_pages, NULL, NULL, seq.k, &seq.k_layout,
                                 seq.v, &seq.v_layout, 1, nk, call->stream)) != FA_OK)
             return s;
         s = fa_cuda_forward(&seq, NULL, 0, call->stream);

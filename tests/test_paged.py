@@ -247,6 +247,11 @@ GPU_CASES = (
         ("prefill_gathered_page_32_d256_window", dict(
             cache_lens=[15, 16, 17, 400], seqlen_q=100, page_size=32, max_pages=13,
             head_dim=256, window=(50, 10), poison=True)),
+        # pages that are no power of two gather too (an empty sequence, the
+        # append crossing pages)
+        ("prefill_gathered_page_24_d128_gqa", dict(
+            cache_lens=[0, 23, 24, 25, 500], seqlen_new=9, seqlen_q=33, page_size=24,
+            max_pages=23, heads_q=8, heads_kv=2, head_dim=128, causal=True, poison=True)),
         ("decode_poison_page_16", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                        max_pages=64, heads_q=8, heads_kv=2, head_dim=128,
                                        poison=True)),
@@ -285,7 +290,8 @@ for name, cfg in GPU_CASES:
 # tables_on_device: the decode path's walks (pages sliced by 16 and a page a
 # row's lookup, splits, the wgmma kernel, d = 256), appends, empty
 # sequences; prefill chunks on the FA3 kernel reading the pages in place
-# (a tile from a page, boxes from several), on the schedule made on the GPU
+# (a tile from a page, boxes from several) or gathered first (pages of 16,
+# 24, d = 256, another V head dim), on the schedule made on the GPU
 for name, cfg in GPU_CASES:
     if name in ("decode_append_d128", "decode_split_7", "decode_split_1_page_1",
                 "speculative_16_window_softcap_f16", "decode_wgmma_page_16_d128_gqa8",
@@ -297,7 +303,10 @@ for name, cfg in GPU_CASES:
                 "prefill_in_place_page_256_d128_window_softcap_f16",
                 "prefill_in_place_page_128_d96_empty", "prefill_in_place_page_128_24_sequences",
                 "prefill_in_place_page_64_d128_causal_gqa",
-                "prefill_in_place_page_64_d128_long_keys"):
+                "prefill_in_place_page_64_d128_long_keys",
+                "prefill_poison_page_16_d64", "prefill_poison_page_64_d256_f16",
+                "prefill_poison_page_32_dv", "prefill_gathered_page_32_d256_window",
+                "prefill_gathered_page_24_d128_gqa"):
         case(f"gpu_paged_device_tables_{name}", paged_case, backend="gpu", device_tables=True,
              **dict(dict(dtype="bf16"), **cfg))
 
@@ -372,6 +381,29 @@ def gpu_paged_workspace_too_small():
 
 
 @test
+def gpu_paged_device_tables_gathered_workspace():
+    """A prefill chunk over device tables whose pages the FA3 forward does
+    not read in place (8 keys) gathers every sequence's keys into the
+    caller's workspace: its size holds [B, capacity] K and V, and one byte
+    short is FA_ERR_WORKSPACE with nothing written, the cache included."""
+    need_gpu()
+    _need_fa3()
+    prob = PagedProblem(rng_for("paged_ws_gathered"), cache_lens=[10, 20], seqlen_new=2,
+                        seqlen_q=17, page_size=8, max_pages=4, dtype="bf16")
+    status, t, lse = prob.run("gpu", _set(tables_on_device=1))
+    assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.last_detail('gpu')}"
+    need = prob.workspace_size
+    capacity = min(int((prob.lens + prob.new).max()), prob.mp * prob.ps)  # seqlen_k, the table
+    kv = prob.b * capacity * prob.hkv * (prob.d + prob.dv) * 2
+    assert need >= kv, f"{need} bytes cannot hold the gathered K and V ({kv})"
+    status, t, lse = prob.run("gpu", _set(tables_on_device=1), workspace=need - 1)
+    assert status == fa.STATUS["FA_ERR_WORKSPACE"], fa.status_name(status)
+    assert np.isnan(t["o"].values()).all() and np.isnan(lse).all(), "wrote o or lse"
+    assert np.array_equal(t["k"].values(), prob.k_cache), "wrote the cache"
+    return f"needs {need} bytes"
+
+
+@test
 def paged_backward_is_refused():
     """Paged K/V is forward only: the backward answers FA_ERR_UNSUPPORTED."""
     prob = PagedProblem(rng_for("paged_bwd"), cache_lens=[10], page_size=8, max_pages=2)
@@ -420,20 +452,23 @@ def _device_tables_graph(seqlen_q, page_size, max_pages):
 
 case("gpu_paged_device_tables_graph", _device_tables_graph, 4, 16, 64)
 case("gpu_paged_device_tables_graph_prefill", _device_tables_graph, 40, 64, 16)
+case("gpu_paged_device_tables_graph_prefill_gathered", _device_tables_graph, 40, 16, 64)
 
 
-def _device_tables_bad(mutate, bad_seq, prefill=False):
+def _device_tables_bad(mutate, bad_seq, prefill_page=0):
     """tables_on_device with a bad entry or length in sequence bad_seq: no
     fault, that sequence's O and LSE all NaN, the others' bits those of the
     valid tables, and the cache written only where the valid tables' append
     wrote (never past the cache). A decode step, or a prefill chunk of 20
-    queries over pages of 64 (the FA3 kernel)."""
+    queries over pages of prefill_page keys (64: the FA3 kernel reads them
+    in place; 16: gathered first), 384 keys a sequence at most."""
     need_gpu()
-    if prefill:
+    if prefill_page:
         _need_fa3()
         prob = PagedProblem(rng_for("paged_dev_bad_prefill"), cache_lens=[100, 200, 300],
-                            seqlen_new=20, page_size=64, max_pages=6, heads_q=8, heads_kv=2,
-                            head_dim=128, dtype="bf16", seqlen_q=20, causal=True)
+                            seqlen_new=20, page_size=prefill_page, max_pages=384 // prefill_page,
+                            heads_q=8, heads_kv=2, head_dim=128, dtype="bf16", seqlen_q=20,
+                            causal=True)
     else:
         prob = PagedProblem(rng_for("paged_dev_bad"), cache_lens=[10, 20, 30], seqlen_new=2,
                             page_size=8, max_pages=5, heads_q=8, heads_kv=2, head_dim=128,
@@ -477,38 +512,42 @@ for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
                               ("length_past_the_table", _lens(1, 39), 1),
                               ("negative_length", _lens(0, -3), 0)):
     case(f"gpu_paged_device_tables_bad_{name}", _device_tables_bad, mutate, bad_seq)
-for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
-                              ("negative_page", _table(2, 0, -7), 2),
-                              ("page_of_the_append_past_the_cache", _table(0, 1, 99), 0),
-                              ("length_past_the_table", _lens(1, 400), 1),
-                              ("negative_length", _lens(0, -3), 0)):
-    case(f"gpu_paged_device_tables_prefill_bad_{name}", _device_tables_bad, mutate, bad_seq,
-         prefill=True)
+for page, suffix in ((64, ""), (16, "_gathered")):
+    # sequence 0's append (keys 100 - 119) starts in entry 100 // page
+    for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
+                                  ("negative_page", _table(2, 0, -7), 2),
+                                  ("page_of_the_append_past_the_cache",
+                                   _table(0, 100 // page, 99), 0),
+                                  ("length_past_the_table", _lens(1, 400), 1),
+                                  ("negative_length", _lens(0, -3), 0)):
+        case(f"gpu_paged_device_tables_prefill_bad_{name}{suffix}", _device_tables_bad, mutate,
+             bad_seq, prefill_page=page)
 
 
 @test
 def paged_device_tables_refused():
-    """tables_on_device where no kernel reads the tables in place: a prefill
-    chunk (seqlen_q > 16) over pages of 8 (the FA3 kernel takes no box of 8
-    keys) on the GPU and every call on the CPU answer FA_ERR_UNSUPPORTED,
-    the flag without a block_table FA_ERR_NULL_POINTER, with nothing
-    written."""
+    """tables_on_device where no kernel reads the tables: a prefill chunk
+    (seqlen_q > 16) on a GPU without Hopper's FA3 forward and every call on
+    the CPU answer FA_ERR_UNSUPPORTED, the flag without a block_table
+    FA_ERR_NULL_POINTER, with nothing written."""
     prob = PagedProblem(rng_for("paged_dev_refused"), cache_lens=[10, 20], seqlen_new=2,
                         seqlen_q=17, page_size=8, max_pages=4, dtype="bf16")
     decode = PagedProblem(rng_for("paged_dev_refused"), cache_lens=[10, 20], page_size=8,
                           max_pages=4, dtype="bf16")
     gpu = fa.GPU is not None and fa.GPU.fa_test_gpu_count() > 0
+    fa3 = gpu and fa.GPU.fa_test_gpu_cc() == 90
     for pr, backend, mutate, expected in (
-            (prob, "gpu", _set(tables_on_device=1), "FA_ERR_UNSUPPORTED"),
+            (prob, "gpu" if not fa3 else None, _set(tables_on_device=1), "FA_ERR_UNSUPPORTED"),
             (decode, "fa2", _set(tables_on_device=1), "FA_ERR_UNSUPPORTED"),
             (decode, "fa2", _set(tables_on_device=1, block_table=None, cache_seqlens=None,
                                  k_new=None, v_new=None), "FA_ERR_NULL_POINTER"),
             (decode, "gpu", _set(tables_on_device=1, block_table=None, cache_seqlens=None,
                                  k_new=None, v_new=None), "FA_ERR_NULL_POINTER")):
-        if backend == "gpu" and not gpu:
+        if backend is None or (backend == "gpu" and not gpu):
             continue
         status, t, lse = pr.run(backend, mutate)
         assert status == fa.STATUS[expected], f"{backend}: {fa.status_name(status)}, expected {expected}"
         assert np.isnan(t["o"].values()).all() and np.isnan(lse).all(), f"{backend} wrote o or lse"
         assert np.array_equal(t["k"].values(), pr.k_cache), f"{backend} wrote the cache"
-    return "GPU included" if gpu else "CPU only (no GPU here)"
+    return ("GPU included" + (" (its prefill runs: Hopper)" if fa3 else "")) if gpu \
+        else "CPU only (no GPU here)"

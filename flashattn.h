@@ -45,7 +45,8 @@
      K/V (forward): block_table, cache_seqlens and an optional append of
      k_new/v_new. These arrays are in host memory, or with tables_on_device
      in device memory where the GPU reads them in place (varlen: Hopper's
-     forward; paged: the decode path); the fields' comments in fa_params.
+     forward and backward; paged: the decode path, Hopper's prefill); the
+     fields' comments in fa_params.
      FP8 (dtype FA_DTYPE_FP8_E4M3, forward): q, k, v are e4m3 elements times
      their descales (fa_fp8_scaling), o is written in o_dtype;
      fa_*_quantize_fp8 makes such inputs (fa_quantize_params).
@@ -248,9 +249,11 @@ typedef struct fa_params {
        page entry those keys use must be in 0 .. num_pages - 1 (else
        FA_ERR_INVALID_ARGUMENT, nothing written).
        tables_on_device (GPU: seqlen_q <= 16, and on Hopper longer query
-       chunks where the FA3 forward reads the pages in place: a power-of-two
-       page of 32 keys and up at d <= 128; else FA_ERR_UNSUPPORTED; varlen's
-       offsets: above): block_table and cache_seqlens in device memory,
+       chunks of 16-bit K/V, read in place by the FA3 forward at power-of-two
+       pages of 32 keys and up at d <= 128, else gathered first into the
+       workspace: batch x min(seqlen_k, max_pages x page_size) rows of K and
+       V; else FA_ERR_UNSUPPORTED; varlen's offsets: above): block_table and
+       cache_seqlens in device memory,
        read by the kernels alone, so the call neither copies nor waits on the host and may be
        captured in a CUDA graph whose replays read the tables' contents at
        the time. Nothing checks them on the host: the kernels never touch

@@ -1025,6 +1025,30 @@ def _fuzz(seconds, flags):
     return run.stdout.strip().replace("\n", "; ")
 
 
+@test
+def fuzz_cpu_arm64_portable():
+    """The portable path (no x86 SIMD) on arm64: tests/fuzz.c cross-built by
+    aarch64-linux-gnu-gcc and run under qemu-aarch64 for 20 s, where both
+    are installed (Debian: gcc-aarch64-linux-gnu, qemu-user); skipped
+    elsewhere."""
+    import shutil
+    import tempfile
+    if not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")):
+        raise Skip("aarch64-linux-gnu-gcc or qemu-aarch64 not installed")
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "fuzz")
+        build = subprocess.run(["aarch64-linux-gnu-gcc", "-std=c99", "-O3", "-ffp-contract=fast",
+                                "-Wall", "-Werror", "-static", "-o", exe,
+                                os.path.join(here, "fuzz.c"), "-lm", "-pthread"],
+                               capture_output=True, text=True)
+        assert build.returncode == 0, build.stderr[-1500:]
+        seed = int(rng_for("fuzz arm64").integers(2**31))
+        run = subprocess.run(["qemu-aarch64", exe, "20", str(seed)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-1500:] + run.stderr[-1500:]
+    return "arm64 under qemu: " + run.stdout.strip().replace("\n", "; ")
+
+
 case("fuzz_cpu_against_reference", _fuzz, 20, ["-O3", "-ffp-contract=fast"])
 case("fuzz_cpu_asan_ubsan", _fuzz, 20, ["-O1", "-g", "-fsanitize=address,undefined",
                                          "-fno-sanitize-recover=all"])

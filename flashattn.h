@@ -70,6 +70,9 @@
      FA_CPU_AVX512            1 = the products and exps on AVX-512 (the
                               same bits; default 1 where __AVX512F__ and
                               FA_CPU_SIMD)
+     FA_CPU_NEON              1 = the products and exps on arm64's NEON,
+                              the rest portable C (default 1 where
+                              __aarch64__ and __ARM_NEON)
      FA_CPU_BLOCK_M           query rows per CPU tile      (default 192)
      FA_CPU_BLOCK_M_MASKED    the same, forward with a causal mask or window
                               (default 128)
@@ -627,14 +630,30 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
 #if FA_CPU_AVX512 && (!FA_CPU_SIMD || !defined(__AVX512F__))
 #error "flashattn: FA_CPU_AVX512 1 needs FA_CPU_SIMD and AVX-512F (-mavx512f, or -march=native)"
 #endif
+#ifndef FA_CPU_NEON
+#if !FA_CPU_SIMD && defined(__aarch64__) && defined(__ARM_NEON)
+#define FA_CPU_NEON 1
+#else
+#define FA_CPU_NEON 0
+#endif
+#endif
+#if FA_CPU_NEON && (FA_CPU_SIMD || !defined(__aarch64__) || !defined(__ARM_NEON))
+#error "flashattn: FA_CPU_NEON 1 needs an arm64 target with NEON, and FA_CPU_SIMD 0"
+#endif
+/* The products on register-blocked microkernels over tiles padded to 16
+   floats a row (x86's SIMD or NEON), else on the portable C kernels. */
+#define FA_I_UKERNELS (FA_CPU_SIMD || FA_CPU_NEON)
+#if FA_I_UKERNELS && (FA_CPU_BLOCK_N % 16 != 0 || FA_CPU_BWD_BLOCK_N % 16 != 0)
+#error "flashattn: with FA_CPU_SIMD or FA_CPU_NEON, FA_CPU_BLOCK_N, FA_CPU_BWD_BLOCK_N multiples of 16"
+#endif
 #if FA_CPU_SIMD
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "flashattn: FA_CPU_SIMD 1 needs AVX2 and FMA (-mavx2 -mfma, or -march=native)"
 #endif
-#if FA_CPU_BLOCK_N % 16 != 0 || FA_CPU_BWD_BLOCK_N % 16 != 0
-#error "flashattn: with FA_CPU_SIMD, FA_CPU_BLOCK_N, FA_CPU_BWD_BLOCK_N multiples of 16"
-#endif
 #include <immintrin.h>
+#endif
+#if FA_CPU_NEON
+#include <arm_neon.h>
 #endif
 
 #ifdef __cplusplus
@@ -1141,10 +1160,11 @@ FA_API fa_status fa_combine_resolve(const fa_combine_params *p, fa_combine_param
    FA_CPU_SIMD (AVX2 + FMA, on where the compiler targets them) the products
    run on register-blocked microkernels over whole 16-float column blocks,
    so every N a product takes is padded (zeros in the padding) and the
-   exps, row maxima and 16-bit loads are vectorized; without it the
-   portable C kernels run (and are the tests' oracle for the SIMD ones). */
+   exps, row maxima and 16-bit loads are vectorized; with FA_CPU_NEON
+   (arm64) the products and the exps; without either the portable C
+   kernels run (and are the tests' oracle for the SIMD ones). */
 #define FA_I_PREFETCH_ROWS 16
-#if FA_CPU_SIMD
+#if FA_I_UKERNELS
 #define FA_I_PAD(n) (((n) + 15) / 16 * 16)
 #else
 #define FA_I_PAD(n) (n)
@@ -1229,6 +1249,29 @@ static float fa_i_hmax(__m256 v)
     x = _mm_max_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
 }
+#endif /* FA_CPU_SIMD */
+
+#if FA_CPU_NEON
+/* fa_i_exp2 on 4 lanes: the same operations (the scalar's floorf(x + 0.5)
+   as a rounding toward minus infinity, its 2^xi from the exponent bits). */
+static float32x4_t fa_i_exp2_neon(float32x4_t x)
+{
+    const float32x4_t lowest = vdupq_n_f32(-126.0f);
+    const uint32x4_t keep = vcgeq_f32(x, lowest), nan = vmvnq_u32(vceqq_f32(x, x));
+    float32x4_t xi, f, poly;
+    x = vmaxq_f32(x, lowest);
+    xi = vrndmq_f32(vaddq_f32(x, vdupq_n_f32(0.5f)));
+    f = vsubq_f32(x, xi);
+#define FA_I_NEON_FMA(a, b, c) vfmaq_f32((c), (a), (b))
+    FA_I_EXP2_POLY(poly, f, vdupq_n_f32, FA_I_NEON_FMA);
+#undef FA_I_NEON_FMA
+    poly = vmulq_f32(poly, vreinterpretq_f32_s32(
+                               vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(xi), vdupq_n_s32(127)), 23)));
+    return vreinterpretq_f32_u32(vorrq_u32(vandq_u32(vreinterpretq_u32_f32(poly), keep), nan));
+}
+#endif
+
+#if FA_I_UKERNELS
 
 /* C[R][V w] (+)= A[R][K] B[K][V w] (row-major, leading dimensions), w the
    vector width: the R x V w block of C in R V vector registers, K streaming
@@ -1237,8 +1280,19 @@ static float fa_i_hmax(__m256 v)
    of C sums its K products in order with one FMA each in both, so the two
    give the same bits. The accumulators are named variables, not an array:
    GCC keeps an array in memory and stores it every step. One macro stamps
-   the row counts and widths. */
-#if FA_CPU_AVX512
+   the row counts and widths. NEON: R <= 8, V = 2 (8 floats), 16 of its 32
+   registers beside B's two and the 8 A values that GCC loads as scalars
+   for its multiply-adds by element (12 rows spilled). */
+#if FA_CPU_NEON
+#define FA_I_VEC float32x4_t
+#define FA_I_VLOAD vld1q_f32
+#define FA_I_VSTORE vst1q_f32
+#define FA_I_VZERO() vdupq_n_f32(0.0f)
+#define FA_I_VFMA(a, b, c) vfmaq_f32((c), (a), (b))
+#define FA_I_VBROADCAST(p) vld1q_dup_f32(p)
+#define FA_I_VW 4
+#define FA_I_UK_MAX_ROWS 8
+#elif FA_CPU_AVX512
 #define FA_I_VEC __m512
 #define FA_I_VLOAD _mm512_loadu_ps
 #define FA_I_VSTORE _mm512_storeu_ps
@@ -1306,6 +1360,8 @@ typedef void (*fa_i_ukernel)(float *FA_RESTRICT c, int ldc, const float *FA_REST
 #if FA_CPU_AVX512
 #define FA_I_UK_ALL_ROWS(X, V) \
     FA_I_UK_AVX2_ROWS(X, V) X(7, V) X(8, V) X(9, V) X(10, V) X(11, V) X(12, V)
+#elif FA_CPU_NEON
+#define FA_I_UK_ALL_ROWS(X, V) FA_I_UK_AVX2_ROWS(X, V) X(7, V) X(8, V)
 #else
 #define FA_I_UK_ALL_ROWS(X, V) FA_I_UK_AVX2_ROWS(X, V)
 #endif
@@ -1329,9 +1385,9 @@ static const fa_i_ukernel fa_i_ukernels[2][FA_I_UK_MAX_ROWS] = {
 #undef FA_I_UK_FMA1
 #undef FA_I_UK_INIT1
 #undef FA_I_UK_DECL1
-#endif /* FA_CPU_SIMD */
+#endif /* FA_I_UKERNELS */
 
-#if !FA_CPU_SIMD
+#if !FA_I_UKERNELS
 /* fa_i_matmul_<R>: C[R x N] += A[R x K] * B[K x N], row-major with leading
    dimensions, the portable kernel: an R x FA_I_NR block of C in an array
    the compiler may keep in registers while K streams past. */
@@ -1367,7 +1423,7 @@ FA_I_DEFINE_MATMUL_ROWS(4)
 FA_I_DEFINE_MATMUL_ROWS(1)
 #undef FA_I_DEFINE_MATMUL_ROWS
 #undef FA_I_NR
-#endif /* !FA_CPU_SIMD */
+#endif /* !FA_I_UKERNELS */
 
 /* C[M x N] (+)= A[M x K] * B[K x N] (accumulate 0: C = A B). SIMD: column
    blocks of C outer (2 vectors wide, a last one of 1 where N leaves 16
@@ -1379,7 +1435,7 @@ static void fa_i_gemm(float *FA_RESTRICT c, int ldc, const float *FA_RESTRICT a,
                       const float *FA_RESTRICT b, int ldb, int M, int N, int K, int accumulate)
 {
     int i, n;
-#if FA_CPU_SIMD
+#if FA_I_UKERNELS
     for (n = 0; n < N;) {
         const int vecs = N - n >= 2 * FA_I_VW ? 2 : 1;
         for (i = 0; i < M;) {
@@ -1614,6 +1670,15 @@ static float fa_i_exp_row(float *row, int n, float max)
         acc0 = _mm256_add_ps(acc0, e);
     }
     sum = fa_i_hsum(_mm256_add_ps(acc0, acc1));
+#elif FA_CPU_NEON
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    const float32x4_t m = vdupq_n_f32(max);
+    for (; c + 4 <= n; c += 4) {
+        const float32x4_t e = fa_i_exp2_neon(vsubq_f32(vld1q_f32(row + c), m));
+        vst1q_f32(row + c, e);
+        acc = vaddq_f32(acc, e);
+    }
+    sum = vaddvq_f32(acc);
 #endif
     for (; c < n; ++c) {
         row[c] = fa_i_exp2(row[c] - max);
@@ -1637,6 +1702,9 @@ static void fa_i_exp2_diff(float *out, const float *a, const float *b, int n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, fa_i_exp2_v(_mm256_sub_ps(_mm256_loadu_ps(a + i),
                                                             _mm256_loadu_ps(b + i))));
+#elif FA_CPU_NEON
+    for (; i + 4 <= n; i += 4)
+        vst1q_f32(out + i, fa_i_exp2_neon(vsubq_f32(vld1q_f32(a + i), vld1q_f32(b + i))));
 #endif
     for (; i < n; ++i) out[i] = fa_i_exp2(a[i] - b[i]);
 }
@@ -1729,7 +1797,7 @@ static void fa_i_axpys(float *FA_RESTRICT y, int ldy, const float *w, int ldw,
                        const float *FA_RESTRICT x, int n, int rows)
 {
     int i, k = 0;
-#if FA_CPU_SIMD /* the microkernels' vectors */
+#if FA_I_UKERNELS /* the microkernels' vectors */
     for (; k + FA_I_VW <= n; k += FA_I_VW) {
         const FA_I_VEC xk = FA_I_VLOAD(x + k);
         for (i = 0; i < rows; ++i) {

@@ -7765,7 +7765,9 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     int64_t es;
     int taken = 0, b;
     const fa_i_kernel *fa3 = NULL; /* the FA3 forward that reads the pages in place */
+#if FA_I_SM90
     int gathered = 0; /* device tables where fa3 does not: the keys gathered first */
+#endif
     fa_status s = fa_i_cuda_check(params, call->pass, call->deterministic, p, &plan.k, &dev);
     cudaError_t e;
     if (s != FA_OK) return s;

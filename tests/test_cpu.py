@@ -1026,27 +1026,32 @@ def _fuzz(seconds, flags):
 
 
 @test
-def fuzz_cpu_arm64_portable():
-    """The portable path (no x86 SIMD) on arm64: tests/fuzz.c cross-built by
-    aarch64-linux-gnu-gcc and run under qemu-aarch64 for 20 s, where both
-    are installed (Debian: gcc-aarch64-linux-gnu, qemu-user); skipped
-    elsewhere."""
+def fuzz_cpu_arm64():
+    """The CPU path on arm64: tests/fuzz.c cross-built by aarch64-linux-gnu-gcc
+    and run under qemu-aarch64, 10 s with the NEON microkernels and exps
+    (the default there) and 10 s with the portable C kernels
+    (-DFA_CPU_NEON=0), where both tools are installed (Debian:
+    gcc-aarch64-linux-gnu, qemu-user); skipped elsewhere."""
     import shutil
     import tempfile
     if not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")):
         raise Skip("aarch64-linux-gnu-gcc or qemu-aarch64 not installed")
     here = os.path.dirname(os.path.abspath(__file__))
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "fuzz")
-        build = subprocess.run(["aarch64-linux-gnu-gcc", "-std=c99", "-O3", "-ffp-contract=fast",
-                                "-Wall", "-Werror", "-static", "-o", exe,
-                                os.path.join(here, "fuzz.c"), "-lm", "-pthread"],
-                               capture_output=True, text=True)
-        assert build.returncode == 0, build.stderr[-1500:]
-        seed = int(rng_for("fuzz arm64").integers(2**31))
-        run = subprocess.run(["qemu-aarch64", exe, "20", str(seed)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-1500:] + run.stderr[-1500:]
-    return "arm64 under qemu: " + run.stdout.strip().replace("\n", "; ")
+    results = []
+    for name, flags in (("NEON", []), ("portable", ["-DFA_CPU_NEON=0"])):
+        with tempfile.TemporaryDirectory() as tmp:
+            exe = os.path.join(tmp, "fuzz")
+            build = subprocess.run(["aarch64-linux-gnu-gcc", "-std=c99", "-O3", "-ffp-contract=fast",
+                                    "-Wall", "-Werror", "-static"] + flags +
+                                   ["-o", exe, os.path.join(here, "fuzz.c"), "-lm", "-pthread"],
+                                   capture_output=True, text=True)
+            assert build.returncode == 0, name + ": " + build.stderr[-1500:]
+            seed = int(rng_for("fuzz arm64 " + name).integers(2**31))
+            run = subprocess.run(["qemu-aarch64", exe, "10", str(seed)], capture_output=True,
+                                 text=True)
+        assert run.returncode == 0, name + ": " + run.stdout[-1500:] + run.stderr[-1500:]
+        results.append(name + ": " + run.stdout.strip().splitlines()[-1])
+    return "arm64 under qemu; " + "; ".join(results)
 
 
 case("fuzz_cpu_against_reference", _fuzz, 20, ["-O3", "-ffp-contract=fast"])

@@ -7726,7 +7726,7 @@ static fa_status fa_i_paged_device(const fa_params *p, const fa_i_kernel *k, int
         !fa_i_fa3_maps(&seq, &boxed, &tmpl))
         return fa_i_fail(FA_ERR_UNSUPPORTED, "tables_on_device: the driver refused a tensor map "
                          "of the cache");
-    if (gathered) maps.k = tmpl.k, maps.v = tmpl.v; /* prefetched; every tile from a sequence's */
+    if (gathered) maps.k = tmpl.k, maps.v = tmpl.v; /* prefetched only: tiles use a sequence's */
     memset(&a, 0, sizeof a);
     a.tmpl[0] = tmpl.q, a.tmpl[1] = tmpl.k, a.tmpl[2] = tmpl.v, a.tmpl[3] = tmpl.o;
     a.table = p->block_table, a.cache_len = p->cache_seqlens, a.seqlen_new = p->seqlen_new;
@@ -7764,9 +7764,9 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
     char *rest;
     int64_t es;
     int taken = 0, b;
-    const fa_i_kernel *fa3 = NULL; /* the FA3 forward that reads the pages in place */
+    const fa_i_kernel *fa3 = NULL; /* the FA3 forward of a prefill chunk */
 #if FA_I_SM90
-    int gathered = 0; /* device tables where fa3 does not: the keys gathered first */
+    int gathered = 0; /* device tables and pages fa3 does not read in place */
 #endif
     fa_status s = fa_i_cuda_check(params, call->pass, call->deterministic, p, &plan.k, &dev);
     cudaError_t e;

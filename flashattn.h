@@ -1,4 +1,4 @@
-/* flashattn.h - v0.14.0 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.15.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -98,7 +98,7 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 14
+#define FA_VERSION_MINOR 15
 #define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
@@ -3304,6 +3304,11 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.15.0 tables_on_device: a paged cache's device tables for every
+          prefill chunk of 16-bit K/V on Hopper (pages the FA3 forward
+          does not read in place gathered on the device first; the
+          workspace holds batch x capacity rows); the CPU's products and
+          exps on NEON on arm64 (FA_CPU_NEON)
    0.14.0 tables_on_device: varlen's device offsets also for Hopper's
           atomic-mode FA3 backward (the schedule made on the GPU; bad
           offsets: NaN rows of dQ, dK, dV or nothing), and a paged cache's

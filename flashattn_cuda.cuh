@@ -3637,7 +3637,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_cta)(const fa_para
                                                                   const fa_i_decode_args a,
                                                                   const int general, const int wg)
 {
-    const int stream_k = !general && a.stream_k; /* (the general kernels never take it) */
+    /* the general kernels never take it, nor d > 128, whose registers do
+       not hold the run's state beside the body (they spilled) */
+    const int stream_k = FA_I_D <= 128 && !general && a.stream_k;
     const int tiles = stream_k ? fa_i_decode_tiles(p, 0, p->seqlen_q - 1, FA_I_DEC(KEYS)) : 1;
     const int64_t all = (int64_t)p->batch * p->heads_kv * tiles, ctas = gridDim.x;
     const int64_t end = stream_k ? (blockIdx.x + 1) * all / ctas : 0;
@@ -6373,7 +6375,7 @@ struct fa_i_forward_plan {
 #endif
 };
 
-/* Split decode (dense kernel, one row block) whose last wave of one CTA an
+/* Split decode (dense kernel, one row block, d <= 128) whose last wave of one CTA an
    SM is short: the same keys as stream-K over exactly that many waves, so
    no SM idles at the end (DESIGN.md, decode), where every CTA's run holds
    at least 4 key tiles, a unit's parts (the most its tiles are cut into)
@@ -6448,7 +6450,8 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
         plan->workspace = 0;
     }
     plan->decode_ctas = base * a->splits;
-    if (a->splits > 1 && !p->num_splits && !general && a->row_blocks == 1)
+    if (a->splits > 1 && !p->num_splits && !general && a->row_blocks == 1 &&
+        plan->k->head_dim <= 128) /* the kernels that take it (fa_i_decode_cta) */
         fa_i_plan_stream_k(plan, k, dev->sms, workspace);
     if (plan->decode_ctas > 0x7fffffff)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "%lld decode CTAs", (long long)plan->decode_ctas);

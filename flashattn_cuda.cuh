@@ -624,9 +624,6 @@ typedef struct fa_i_kernels {
    lse_part + i lse_floats ([B, Hq, Nq]). */
 typedef struct fa_i_decode_args {
     int row_tiles, row_blocks, splits;
-    /* 1: stream-K, every CTA an equal run of the (unit, key tile) space, a
-       part for each unit it touches (splits: the most parts of a unit) */
-    int stream_k;
     float *o_part, *lse_part;
     int64_t part_floats, lse_floats;
 } fa_i_decode_args;
@@ -3238,15 +3235,6 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #if defined(FA_I_TOP) && !defined(FA_I_PASS)
 #define FA_I_DECODE_MAX_Q 16
 #define FA_I_DECODE_WARPS 4
-/* The key tiles (of `keys` keys) that query tokens [t_first, t_last] see,
-   from the first any of them sees: what a decode unit's splits share. */
-static inline FA_HOST_DEVICE int fa_i_decode_tiles(const fa_params *p, int t_first, int t_last,
-                                                   int keys)
-{
-    int lo, hi;
-    fa_i_rows_key_span(p, t_first, t_last + 1, &lo, &hi);
-    return hi > lo ? (hi + keys - 1) / keys - lo / keys : 0;
-}
 /* The head dims with the wgmma kernel (Hopper builds): a warpgroup's O of d
    columns beside S in its registers (d = 256: 128 a thread, at one CTA an
    SM, which its shared memory sets anyway). */
@@ -3388,14 +3376,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_wg_step)(
    4 row tiles): the CTA's 64 rows as one warpgroup's wgmma tile
    (fa_i_decode_wg_step) over all of d (no DSPLIT), Q and the ring as
    [d / 64][rows][64] tiles with the 128-byte swizzle, 1 KB aligned. */
-/* Unit `unit` ((batch, kv head) major, row block minor) of a decode
-   launch: its rows against key tiles [t0, t1) of the tiles they see (t1 <
-   0: split `split`'s equal share), O into part `split` where a.splits > 1. */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_params *params,
                                                                    const fa_i_decode_args a,
-                                                                   const int general, const int wg,
-                                                                   const int unit, const int split,
-                                                                   const int t0, const int t1)
+                                                                   const int general, const int wg)
 {
     enum {
         D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES),
@@ -3427,8 +3410,11 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
 #endif
     const int wide = FA_I_DEC(STEP) == 2 && step_fits && SLICES % 2 == 0 && SLICES / 2 >= ks_count;
     const int group = p.heads_q / p.heads_kv, packed = group * p.seqlen_q;
-    const int rb = unit % a.row_blocks, hk = unit / a.row_blocks % p.heads_kv;
-    const int b = unit / a.row_blocks / p.heads_kv;
+    /* blockIdx.x: row block fastest (blocks of one kv head share its K/V in L2), then split */
+    unsigned cta = blockIdx.x;
+    const int rb = (int)(cta % a.row_blocks);
+    const int split = (int)((cta /= a.row_blocks) % a.splits);
+    const int hk = (int)((cta /= a.splits) % p.heads_kv), b = (int)(cta / p.heads_kv);
     const int r0 = rb * rows, r_end = min(r0 + rows, packed);
     const int t_first = r0 / group, t_last = (r_end - 1) / group;
     /* a paged cache (fa_i_paged_run: block_table and cache_seqlens are the
@@ -3461,10 +3447,10 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     fa_i_rows_key_span(&p, t_first, t_last + 1, &first_lo, &last_hi);
     fa_i_rows_common_keys(&p, t_first, t_last + 1, &all_lo, &all_hi);
     { /* this split's share of the key tiles the rows see */
-        const int first = first_lo / BN, tiles = fa_i_decode_tiles(&p, t_first, t_last, BN);
+        const int first = first_lo / BN, tiles = last_hi > first_lo ? (last_hi + BN - 1) / BN - first : 0;
         const int per = (tiles + a.splits - 1) / a.splits;
-        n_begin = first + min(t1 >= 0 ? t0 : split * per, tiles);
-        n_end = first + min(t1 >= 0 ? t1 : (split + 1) * per, tiles);
+        n_begin = first + min(split * per, tiles);
+        n_end = first + min((split + 1) * per, tiles);
     }
 #pragma unroll
     for (e = 0; e < 2; ++e) {
@@ -3626,64 +3612,19 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         }
     }
 }
-/* The CTA's work. Splits: blockIdx.x row block fastest (the blocks of one
-   kv head share its K/V in L2), then split, then unit. Stream-K (dense
-   kernels, one row block): the units' key tiles in a row, T a unit, cut
-   into gridDim.x equal runs; the CTA takes its run a unit at a time, each
-   unit's piece its part (the CTA's index less that of the CTA holding the
-   unit's first tile), and the CTA holding a unit's last tile sets its
-   parts past the last to LSE -inf (the combine skips them). */
-static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_cta)(const fa_params *p,
-                                                                  const fa_i_decode_args a,
-                                                                  const int general, const int wg)
-{
-    /* the general kernels never take it, nor d > 128, whose registers do
-       not hold the run's state beside the body (they spilled) */
-    const int stream_k = FA_I_D <= 128 && !general && a.stream_k;
-    const int tiles = stream_k ? fa_i_decode_tiles(p, 0, p->seqlen_q - 1, FA_I_DEC(KEYS)) : 1;
-    const int64_t all = (int64_t)p->batch * p->heads_kv * tiles, ctas = gridDim.x;
-    const int64_t end = stream_k ? (blockIdx.x + 1) * all / ctas : 0;
-    int64_t u = stream_k ? blockIdx.x * all / ctas : 0;
-    const unsigned cta = blockIdx.x, rb = cta % a.row_blocks;
-    int unit = (int)(cta / a.row_blocks / a.splits * a.row_blocks + rb);
-    int part = (int)(cta / a.row_blocks % a.splits), t0 = 0, t1 = -1;
-    for (;;) {
-        if (stream_k) {
-            if (u >= end) break;
-            unit = (int)(u / tiles);
-            part = (int)blockIdx.x - (int)((((int64_t)unit * tiles + 1) * ctas - 1) / all);
-            t0 = (int)(u - (int64_t)unit * tiles);
-            t1 = (int)(min(end, (int64_t)(unit + 1) * tiles) - (int64_t)unit * tiles);
-        }
-        FA_I_KNAME(fa_i_decode_body)(p, a, general, wg, unit, part, t0, t1);
-        if (!stream_k) break;
-        if (t1 == tiles) { /* the unit's last tile: its parts past this one */
-            const int group = p->heads_q / p->heads_kv, rows = group * p->seqlen_q;
-            const int hk = unit % p->heads_kv, b = unit / p->heads_kv;
-            int i;
-            for (i = (part + 1) * rows + threadIdx.x; i < a.splits * rows; i += blockDim.x) {
-                const int r = i % rows, t = r / group, h = hk * group + r % group;
-                a.lse_part[(int64_t)(i / rows) * a.lse_floats +
-                           ((int64_t)b * p->heads_q + h) * p->seqlen_q + t] = -INFINITY;
-            }
-        }
-        u = (int64_t)(unit + 1) * tiles;
-        __syncthreads(); /* the ring and Q free for the next unit */
-    }
-}
 static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
 {
-    FA_I_KNAME(fa_i_decode_cta)(&p, a, 0, 0);
+    FA_I_KNAME(fa_i_decode_body)(&p, a, 0, 0);
 }
 static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
     FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _general)(const fa_params p, const fa_i_decode_args a)
 {
-    FA_I_KNAME(fa_i_decode_cta)(&p, a, 1, 0);
+    FA_I_KNAME(fa_i_decode_body)(&p, a, 1, 0);
 }
 #if FA_I_DECODE_WG
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA_I_DECODE_WG_BODY(general) FA_I_KNAME(fa_i_decode_cta)(&p, a, general, 1)
+#define FA_I_DECODE_WG_BODY(general) FA_I_KNAME(fa_i_decode_body)(&p, a, general, 1)
 #else /* an empty body where the a features are not compiled */
 #define FA_I_DECODE_WG_BODY(general) ((void)p, (void)a)
 #endif
@@ -6356,10 +6297,7 @@ static int fa_i_decode_splits(const fa_params *p, const fa_i_kernel *k, int64_t 
 }
 
 /* A validated forward and the kernel that runs it. */
-typedef struct fa_i_forward_plan fa_i_forward_plan;
-static void fa_i_plan_stream_k(fa_i_forward_plan *plan, const fa_i_kernel *k, int sms,
-                               size_t workspace);
-struct fa_i_forward_plan {
+typedef struct fa_i_forward_plan {
     fa_params p; /* resolved */
     const fa_i_kernels *k;
     int algorithm;    /* 1 FA1, 2 FA2, 3 FA3, 4 decode */
@@ -6373,29 +6311,7 @@ struct fa_i_forward_plan {
     fa_i_tma_maps maps;
     int ctas;
 #endif
-};
-
-/* Split decode (dense kernel, one row block, d <= 128) whose last wave of one CTA an
-   SM is short: the same keys as stream-K over exactly that many waves, so
-   no SM idles at the end (DESIGN.md, decode), where every CTA's run holds
-   at least 4 key tiles, a unit's parts (the most its tiles are cut into)
-   fit FA_MAX_PARTS and their rows the `workspace` bytes. */
-static void fa_i_plan_stream_k(fa_i_forward_plan *plan, const fa_i_kernel *k, int sms,
-                               size_t workspace)
-{
-    const fa_params *p = &plan->p;
-    const int64_t units = (int64_t)p->batch * p->heads_kv;
-    const int tiles = fa_i_decode_tiles(p, 0, p->seqlen_q - 1, k->keys);
-    const int64_t ctas = (plan->decode_ctas + sms - 1) / sms * sms, all = units * tiles;
-    const int64_t run = ctas > 0 ? all / ctas : 0; /* the shortest run */
-    const int64_t parts = run > 0 ? (tiles - 1 + run - 1) / run + 1 : 0;
-    const size_t bytes = sizeof(float) * parts * (plan->decode.part_floats + plan->decode.lse_floats);
-    if (plan->decode_ctas % sms == 0 || run < 4 || parts > FA_MAX_PARTS || bytes > workspace) return;
-    plan->decode.stream_k = 1;
-    plan->decode.splits = (int)parts;
-    plan->decode_ctas = ctas;
-    plan->workspace = bytes;
-}
+} fa_i_forward_plan;
 
 /* The decode path for p (seqlen_q <= FA_I_DECODE_MAX_Q, its kernel fits the
    device): packed rows, row blocks and splits; the library's own split count
@@ -6450,9 +6366,6 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
         plan->workspace = 0;
     }
     plan->decode_ctas = base * a->splits;
-    if (a->splits > 1 && !p->num_splits && !general && a->row_blocks == 1 &&
-        plan->k->head_dim <= 128) /* the kernels that take it (fa_i_decode_cta) */
-        fa_i_plan_stream_k(plan, k, dev->sms, workspace);
     if (plan->decode_ctas > 0x7fffffff)
         return fa_i_fail(FA_ERR_UNSUPPORTED, "%lld decode CTAs", (long long)plan->decode_ctas);
     plan->early_combine = dev->major >= 9;

@@ -7607,16 +7607,6 @@ static fa_params fa_i_paged_tail(const fa_params *p, int b, int nk, int *last)
     return s;
 }
 
-/* A paged prefill chunk in one launch of the FA3 forward k, reading the
-   pages in place (DESIGN.md, paged caches): the varlen schedule's staging
-   (sequences by the power of two of their keys, most first; tiles one by
-   one), each sequence with its own Q, O and last-page maps and an entry
-   whose LSE rows are its dense ones ([B, Hq, Nq]) and pages0 its row of
-   the block table (table_dev, the workspace's copy); the kernel's own k
-   and v map the whole cache page by page. ws: the workspace past the
-   tables, fa_i_paged_fa3_bytes long. Sequences without keys are filled
-   apart. *taken = 0 under stream capture (the schedule is copied from host
-   memory) or where the driver refuses a map: the caller gathers. */
 /* The in-place FA3 forward's own K and V maps of a paged p: the whole
    cache {d, row in page, head, page}, boxes of the key tile or of a page
    where pages are smaller (*boxed: k with that box, which its sequences'
@@ -7638,6 +7628,16 @@ static int fa_i_paged_cache_maps(const fa_params *p, const fa_i_kernel *k, const
                         p->page_size, p->heads_kv, boxed->keys);
 }
 
+/* A paged prefill chunk in one launch of the FA3 forward k, reading the
+   pages in place (DESIGN.md, paged caches): the varlen schedule's staging
+   (sequences by the power of two of their keys, most first; tiles one by
+   one), each sequence with its own Q, O and last-page maps and an entry
+   whose LSE rows are its dense ones ([B, Hq, Nq]) and pages0 its row of
+   the block table (table_dev, the workspace's copy); the kernel's own k
+   and v map the whole cache page by page. ws: the workspace past the
+   tables, fa_i_paged_fa3_bytes long. Sequences without keys are filled
+   apart. *taken = 0 under stream capture (the schedule is copied from host
+   memory) or where the driver refuses a map: the caller gathers. */
 static fa_status fa_i_paged_fa3(const fa_params *p, const fa_i_kernel *k, fa_i_seq_call *call,
                                 const int32_t *table_dev, void *ws, int *taken)
 {
@@ -7803,7 +7803,9 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
                              p->seqlen_q, FA_I_DECODE_MAX_Q);
         plan.algorithm = 3;
     } else if (!taken) { /* a dense K and V of the longest sequence, or the in-place schedule */
-        plan.workspace = (size_t)es * p->seqlen_k * p->heads_kv * (p->head_dim + p->head_dim_v);
+        fa_params one = *p, gathered_kv;
+        one.batch = 1;
+        plan.workspace = fa_i_paged_dense_kv(&one, p->seqlen_k, NULL, &gathered_kv);
 #if FA_I_SM90
         fa3 = fa_i_paged_fa3_kernel(p, plan.k, &dev);
         if (fa3 && fa_i_paged_fa3_bytes(p, fa3) > plan.workspace)
@@ -7863,8 +7865,8 @@ static fa_status fa_i_paged_run(const fa_params *params, fa_i_seq_call *call)
         fa_i_paged_dense_kv(&seq, nk, rest, &seq);
         seq.block_table = NULL, seq.cache_seqlens = NULL;
         seq.k_new = seq.v_new = NULL, seq.seqlen_new = 0;
-        if ((s = fa_i_page_copy(p, table_dev + (size_t)b * p->max_pages, NULL, NULL, seq.k, &seq.k_layout,
-                                seq.v, &seq.v_layout, 1, nk, call->stream)) != FA_OK)
+        if ((s = fa_i_page_copy(p, table_dev + (size_t)b * p->max_pages, NULL, NULL, seq.k,
+                                &seq.k_layout, seq.v, &seq.v_layout, 1, nk, call->stream)) != FA_OK)
             return s;
         s = fa_cuda_forward(&seq, NULL, 0, call->stream);
     }

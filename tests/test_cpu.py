@@ -1002,27 +1002,38 @@ def backward_refuses_key_tiles_past_2_31_before_writing_dq():
     return fa.CPU.fa_last_error_detail().decode()
 
 
-def _fuzz(seconds, flags):
-    """Builds tests/fuzz.c with flags and runs it for `seconds` of CPU time
-    with a seed from this run's."""
-    import shutil
+def _fuzz_run(cc, flags, seconds, runner=()):
+    """Builds tests/fuzz.c with compiler cc and flags, runs it (under runner:
+    an emulator's command) for `seconds` of CPU time with a seed from this
+    run's, and asserts that it passed; its output. The build's stderr where
+    it fails: returned as (None, stderr)."""
     import tempfile
-    if not shutil.which("gcc"):
-        raise Skip("gcc not found")
     here = os.path.dirname(os.path.abspath(__file__))
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "fuzz")
-        build = subprocess.run(["gcc", "-std=c99", "-march=native"] + flags +
+        build = subprocess.run([cc, "-std=c99"] + flags +
                                ["-o", exe, os.path.join(here, "fuzz.c"), "-lm", "-pthread"],
                                capture_output=True, text=True)
         if build.returncode != 0:
-            if "-fsanitize=address,undefined" in flags:
-                raise Skip("this gcc cannot build with the sanitizers: " + build.stderr[-200:])
-            raise AssertionError(build.stderr)
-        seed = int(rng_for("fuzz" + " ".join(flags)).integers(2**31))
-        run = subprocess.run([exe, str(seconds), str(seed)], capture_output=True, text=True)
+            return None, build.stderr
+        seed = int(rng_for("fuzz " + cc + " " + " ".join(flags)).integers(2**31))
+        run = subprocess.run(list(runner) + [exe, str(seconds), str(seed)], capture_output=True,
+                             text=True)
     assert run.returncode == 0, run.stdout[-1500:] + run.stderr[-1500:]
-    return run.stdout.strip().replace("\n", "; ")
+    return run.stdout.strip(), None
+
+
+def _fuzz(seconds, flags):
+    """The fuzz built by this machine's gcc for its own CPU."""
+    import shutil
+    if not shutil.which("gcc"):
+        raise Skip("gcc not found")
+    out, err = _fuzz_run("gcc", ["-march=native"] + flags, seconds)
+    if out is None:
+        if "-fsanitize=address,undefined" in flags:
+            raise Skip("this gcc cannot build with the sanitizers: " + err[-200:])
+        raise AssertionError(err)
+    return out.replace("\n", "; ")
 
 
 @test
@@ -1033,24 +1044,15 @@ def fuzz_cpu_arm64():
     (-DFA_CPU_NEON=0), where both tools are installed (Debian:
     gcc-aarch64-linux-gnu, qemu-user); skipped elsewhere."""
     import shutil
-    import tempfile
     if not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")):
         raise Skip("aarch64-linux-gnu-gcc or qemu-aarch64 not installed")
-    here = os.path.dirname(os.path.abspath(__file__))
     results = []
     for name, flags in (("NEON", []), ("portable", ["-DFA_CPU_NEON=0"])):
-        with tempfile.TemporaryDirectory() as tmp:
-            exe = os.path.join(tmp, "fuzz")
-            build = subprocess.run(["aarch64-linux-gnu-gcc", "-std=c99", "-O3", "-ffp-contract=fast",
-                                    "-Wall", "-Werror", "-static"] + flags +
-                                   ["-o", exe, os.path.join(here, "fuzz.c"), "-lm", "-pthread"],
-                                   capture_output=True, text=True)
-            assert build.returncode == 0, name + ": " + build.stderr[-1500:]
-            seed = int(rng_for("fuzz arm64 " + name).integers(2**31))
-            run = subprocess.run(["qemu-aarch64", exe, "10", str(seed)], capture_output=True,
-                                 text=True)
-        assert run.returncode == 0, name + ": " + run.stdout[-1500:] + run.stderr[-1500:]
-        results.append(name + ": " + run.stdout.strip().splitlines()[-1])
+        out, err = _fuzz_run("aarch64-linux-gnu-gcc",
+                             ["-O3", "-ffp-contract=fast", "-Wall", "-Werror", "-static"] + flags,
+                             10, runner=("qemu-aarch64",))
+        assert out is not None, name + ": " + err[-1500:]
+        results.append(name + ": " + out.splitlines()[-1])
     return "arm64 under qemu; " + "; ".join(results)
 
 

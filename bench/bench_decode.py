@@ -17,7 +17,10 @@ the same rotation: the paged / dense columns, the block table in host
 memory; --device-tables PAGE_SIZES (default 64) times those page sizes
 again with the tables in device memory (fa_params.tables_on_device, where
 the library serves it: Nq <= 16, and on Hopper prefill chunks over pages
-the FA3 forward reads in place): the "dev" columns. Rows with Nq > 16 (the
+the FA3 forward reads in place): the "dev" columns; --ordered PAGE_SIZES
+times those page sizes with the pages in order (a sequence's pages
+consecutive in the cache, host tables): the page walk's cost apart from the
+scattered pages' locality, the "ordered" columns. Rows with Nq > 16 (the
 last three by default) are prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense and paged decode in the same
@@ -25,7 +28,7 @@ rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns); -
 those rows alone; --heads HQ,HKV sets the query and kv heads (default 32,8).
 
 Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZES] [--device-tables PAGE_SIZES]
-           [--extra NAME=SHIM] [--rows B,NK,NQ,D;...] [--heads HQ,HKV] [--out DIR]"""
+           [--ordered PAGE_SIZES] [--extra NAME=SHIM] [--rows B,NK,NQ,D;...] [--heads HQ,HKV] [--out DIR]"""
 import argparse
 import ctypes
 import datetime
@@ -62,6 +65,7 @@ COPY_BYTES = 2 << 30  # the copy timed beside every row: 2 GiB read, 2 GiB writt
 COPY = None
 PAGE_SIZES = []  # --paged
 DEVICE_PAGE_SIZES = []  # --device-tables
+ORDERED_PAGE_SIZES = []  # --ordered
 EXTRA = []  # (name, shim) of --extra builds
 
 
@@ -69,9 +73,10 @@ class Decode:
     """flashattn's forward on torch tensors [B, N, H, d] with the workspace it
     asks for; with page_size, on a copy of K and V in a paged cache (pages of
     every sequence in a shuffled order, a block table in host memory, or
-    with device_tables in device memory)."""
+    with device_tables in device memory; ordered: each sequence's pages
+    consecutive)."""
 
-    def __init__(self, q, k, v, o, lib, page_size=0, device_tables=False):
+    def __init__(self, q, k, v, o, lib, page_size=0, device_tables=False, ordered=False):
         self.lib = lib
         p = fa.Params()
         p.dtype = fa.DTYPES["bf16"]
@@ -81,7 +86,8 @@ class Decode:
         if page_size:
             b, nk = k.shape[:2]
             per = -(-nk // page_size)
-            order = torch.randperm(b * per, generator=torch.Generator().manual_seed(nk))
+            order = (torch.arange(b * per) if ordered else
+                     torch.randperm(b * per, generator=torch.Generator().manual_seed(nk)))
             self.caches = []
             for x in (k, v):
                 padded = torch.zeros(b, per * page_size, *x.shape[2:], dtype=x.dtype, device=x.device)
@@ -154,11 +160,11 @@ def run_row(b, nk, nq, d, reps):
 
     fns = {}
 
-    def decode(key, lib, page_size=0, device_tables=False):
+    def decode(key, lib, page_size=0, device_tables=False, ordered=False):
         """lib's decode over every input set (pages of page_size, 0: contiguous),
         each with an O of its own; the first checked before any timing."""
         fns[key] = [Decode(q_, k_, v_, torch.full_like(q_, float("nan")), lib, page_size,
-                           device_tables) for q_, k_, v_ in inputs]
+                           device_tables, ordered) for q_, k_, v_ in inputs]
         if device_tables and lib.fa_cuda_supported(ctypes.byref(fns[key][0].p), 0) != fa.FA_OK:
             del fns[key]  # a shape tables_on_device does not serve (its column: "-")
             return
@@ -174,6 +180,8 @@ def run_row(b, nk, nq, d, reps):
         decode(f"paged{ps}", fa.GPU, ps)
     for ps in DEVICE_PAGE_SIZES:
         decode(f"dev{ps}", fa.GPU, ps, device_tables=True)
+    for ps in ORDERED_PAGE_SIZES:
+        decode(f"ord{ps}", fa.GPU, ps, ordered=True)
     for name, lib in EXTRA:  # other builds' dense and paged decode, for same-process A/B
         decode(name, lib)
         for ps in PAGE_SIZES:
@@ -226,9 +234,10 @@ def table(rows):
              "flash | cuDNN | FA4 | ours/cuDNN | ours/FA4 |"
              + "".join(f" paged {ps} / dense |" for ps in PAGE_SIZES)
              + "".join(f" paged {ps} dev / dense |" for ps in DEVICE_PAGE_SIZES)
+             + "".join(f" paged {ps} ordered / dense |" for ps in ORDERED_PAGE_SIZES)
              + "".join(f" {name} / ours |" + "".join(f" {name} paged {ps} / dense |"
                                                      for ps in PAGE_SIZES) for name, _ in EXTRA),
-             "|" + "---|" * (14 + len(DEVICE_PAGE_SIZES) + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
+             "|" + "---|" * (14 + len(DEVICE_PAGE_SIZES) + len(ORDERED_PAGE_SIZES) + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
     for r in rows:
         pct = 100 * r["ours_gbs"] / r["copy_gbs"]
         lines.append(
@@ -240,6 +249,7 @@ def table(rows):
             + "".join(f" {r[f'paged{ps}_gbs'] / r['ours_gbs']:.3f} |" for ps in PAGE_SIZES)
             + "".join(f" {r[f'dev{ps}_gbs'] / r['ours_gbs']:.3f} |" if f"dev{ps}_gbs" in r else " - |"
                       for ps in DEVICE_PAGE_SIZES)
+            + "".join(f" {r[f'ord{ps}_gbs'] / r['ours_gbs']:.3f} |" for ps in ORDERED_PAGE_SIZES)
             + "".join(f" {r[name + '_gbs'] / r['ours_gbs']:.3f} |"
                       + "".join(f" {r[f'{name}_paged{ps}_gbs'] / r['ours_gbs']:.3f} |"
                                 for ps in PAGE_SIZES) for name, _ in EXTRA))
@@ -254,6 +264,8 @@ def main():
                     help="also time the same K/V in paged caches of these page sizes ('': not)")
     ap.add_argument("--device-tables", default="64", metavar="PAGE_SIZES",
                     help="also time these page sizes with the tables in device memory ('': not)")
+    ap.add_argument("--ordered", default="", metavar="PAGE_SIZES",
+                    help="also time these page sizes with each sequence's pages in order")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=SHIM",
                     help="also time another build's dense decode (a tests/shim_cuda.cu .so)")
     ap.add_argument("--rows", default="", metavar="B,NK,NQ,D;...", help="only these rows")
@@ -263,6 +275,7 @@ def main():
     HQ, HKV = (int(x) for x in args.heads.split(","))
     PAGE_SIZES.extend(int(x) for x in args.paged.split(",") if x)
     DEVICE_PAGE_SIZES.extend(int(x) for x in args.device_tables.split(",") if x)
+    ORDERED_PAGE_SIZES.extend(int(x) for x in args.ordered.split(",") if x)
     EXTRA.extend((e.split("=")[0], fa.load_gpu(os.path.abspath(e.split("=")[1]))) for e in args.extra)
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_decode: needs a GPU, the CUDA shim (make) and PyTorch; skipped")

@@ -601,6 +601,20 @@ typedef struct fa_i_kernel {
     size_t smem;    /* dynamic shared memory, bytes */
 } fa_i_kernel;
 
+/* What a decode kernel's key tiles read (a constant of each kernel, its
+   name's suffix): dense rows of the tile's head dim; a paged cache's rows
+   of that head dim in pages of whole key tiles (page_size a multiple of
+   the tile's keys: one address a tile, _pages); anything else (other page
+   sizes, head dims below the tile's: a page walk a 16-key slice and column
+   masks, _general). Each path carried in a kernel that does not take it
+   slowed that kernel (DESIGN.md, paged caches). */
+typedef enum fa_i_decode_kind {
+    FA_I_DECODE_DENSE,
+    FA_I_DECODE_PAGES,
+    FA_I_DECODE_GENERAL,
+    FA_I_DECODE_KINDS
+} fa_i_decode_kind;
+
 /* The kernels of one (head dim, dtype), built in >> instantiation. */
 typedef struct fa_i_kernels {
     fa_i_kernel fa2_fwd;
@@ -611,10 +625,9 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa3_fwd[2]; /* tile variants t0, t1 */
     fa_i_kernel fa3_bwd;
     fa_i_kernel fa3_bwd_varlen; /* its instance for a ragged batch in one launch */
-    fa_i_kernel decode;     /* rows: the most packed rows a CTA takes */
-    fa_i_kernel decode_general; /* the same over a paged cache or a smaller head dim */
-    fa_i_kernel decode_wg;  /* Hopper: 64 rows by wgmma (dense) */
-    fa_i_kernel decode_wg_general; /* the same over a paged cache or a smaller head dim */
+    /* by fa_i_decode_kind; rows: the most packed rows a CTA takes */
+    fa_i_kernel decode[FA_I_DECODE_KINDS];
+    fa_i_kernel decode_wg[FA_I_DECODE_KINDS]; /* Hopper: 64 rows by wgmma */
     int head_dim;           /* the tiles' (a problem's may be smaller: >> host) */
 } fa_i_kernels;
 
@@ -3225,9 +3238,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
      S = Q K^T (16 x 16 STEP, all of d), softcap, mask, online softmax,
      O[:, its columns] += P V
    At the end the KS warps of a (row tile, column part) merge their (m, l, O)
-   through shared memory. On Hopper, more than 32 packed rows on the tiles
-   of d = 64, 128 and 256 run the wgmma kernels (_wg, dense at the tile's head dim;
-   _wg_general, paged or a smaller head dim): the same CTA, ring
+   through shared memory. Each kernel comes in three kinds by what its tiles
+   read (fa_i_decode_kind: dense, _pages, _general). On Hopper, more than 32
+   packed rows on the tiles of d = 64, 128 and 256 run the wgmma kernels
+   (_wg, _wg_pages, _wg_general): the same CTA, ring
    and schedule, its 4 warps one warpgroup over 64 rows, each key tile's
    S = Q K^T and O += P V one wgmma chain each (fa_i_decode_wg_step): at 16
    query tokens and group 4, mma.sync's per-warp chains were latency-bound
@@ -3239,6 +3253,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    columns beside S in its registers (d = 256: 128 a thread, at one CTA an
    SM, which its shared memory sets anyway). */
 #define FA_I_DECODE_WG (FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256))
+/* The head dims with the mma.sync kernel over whole pages (_pages): not
+   d = 192, whose dense kernel sits at 255 registers (_pages spilled; its
+   pages take _general). */
+#define FA_I_DECODE_PAGES_BUILT (FA_I_D != 192)
 #endif
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
@@ -3369,17 +3387,16 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_wg_step)(
 }
 #endif
 
-/* The kernel's body. `general` (a constant of each kernel below) takes a
-   paged cache, or head dims below the tile's (columns masked); the kernel
-   for the rest (dense, d = the tile's) carries neither: both paths in one
-   kernel slowed the dense one (DESIGN.md, paged caches). `wg` (Hopper,
+/* The kernel's body. `kind` (fa_i_decode_kind, a constant of each kernel
+   below) says where the key tiles' rows are. `wg` (Hopper,
    4 row tiles): the CTA's 64 rows as one warpgroup's wgmma tile
    (fa_i_decode_wg_step) over all of d (no DSPLIT), Q and the ring as
    [d / 64][rows][64] tiles with the 128-byte swizzle, 1 KB aligned. */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_params *params,
                                                                    const fa_i_decode_args a,
-                                                                   const int general, const int wg)
+                                                                   const int kind, const int wg)
 {
+    const int general = kind == FA_I_DECODE_GENERAL, whole = kind == FA_I_DECODE_PAGES;
     enum {
         D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES),
         NT = 32 * FA_I_DECODE_WARPS, LD = FA_I_PITCH(D), SLICES = BN / 16, BF16 = FA_I_IS_BF16
@@ -3420,8 +3437,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     /* a paged cache (fa_i_paged_run: block_table and cache_seqlens are the
        workspace's copies): this sequence's pages, its keys, queries at their end */
     const int32_t *pages =
-        general && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
+        kind != FA_I_DECODE_DENSE && p.block_table ? p.block_table + (int64_t)b * p.max_pages : NULL;
     fa_i_tile_pages tp; /* table NULL: dense rows */
+    int next_page = 0;  /* whole pages: the next tile's table entry */
     const int cols_k = general ? p.head_dim : D, cols_v = general ? p.head_dim_v : D;
     fa_i_launch_dependents(); /* the combine, early where launched so: it waits for the parts */
     const uint16_t *gk = (const uint16_t *)p.k + fa_i_dev_offset(&p.k_layout, pages ? 0 : b, hk, 0);
@@ -3473,17 +3491,35 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                                  : FA_I_SMEM_AT(r, c, LD)),
                         src, valid ? fa_i_chunk_bytes(cols_k - c) : 0);
     }
-    /* the ring's first tiles, a commit group each; a sliced paged tile's
-       pages are looked up a tile ahead of its copy (in the key loop, during
-       the previous tile's products) */
-    if (pages && tp.sliced) fa_i_tile_pages_seek(&tp, p.page_size, n_begin * BN);
+    /* Key tile t into ring stage st. A paged tile's pages are looked up a
+       tile ahead of its copy (in the key loop, during the previous tile's
+       products): a load just before the copy would hold it up (the copy's
+       asm clobbers memory). Whole pages: the tile's rows are the dense
+       copy's from one page, the table's entry for tile t + 1 loaded after. */
+#define FA_I_DECODE_PAGE_OF(t) ((t) < n_end ? pages[(unsigned)((t) * BN) / (unsigned)p.page_size] : 0)
+#define FA_I_DECODE_COPY_KV(st, t)                                                                 \
+    do {                                                                                           \
+        const int c0_ = (t) * BN;                                                                  \
+        if (whole) {                                                                               \
+            const int page_ = fa_i_page_or_0(&tp, next_page);                                      \
+            const int row_ = (int)((unsigned)c0_ % (unsigned)p.page_size) - c0_;                   \
+            next_page = FA_I_DECODE_PAGE_OF((t) + 1);                                              \
+            fa_i_async_kv(sk + (st) * BN * LD, sv + (st) * BN * LD,                                \
+                          gk + page_ * p.k_layout.batch + row_ * p.k_layout.seq,                   \
+                          gv + page_ * p.v_layout.batch + row_ * p.v_layout.seq, &p, NULL, c0_, BN, \
+                          D, cols_k, cols_v, kld, tid, NT);                                        \
+        } else                                                                                     \
+            fa_i_async_kv(sk + (st) * BN * LD, sv + (st) * BN * LD, gk, gv, &p, &tp, c0_, BN, D,   \
+                          cols_k, cols_v, kld, tid, NT);                                           \
+    } while (0)
+    /* the ring's first tiles, a commit group each */
+    if (whole) next_page = FA_I_DECODE_PAGE_OF(n_begin);
+    if (general && pages && tp.sliced) fa_i_tile_pages_seek(&tp, p.page_size, n_begin * BN);
 #pragma unroll
     for (i = 0; i < STAGES; ++i) {
-        if (pages && tp.sliced) fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
+        if (general && pages && tp.sliced) fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         if (i == STAGES - 1) break;
-        if (n_begin + i < n_end)
-            fa_i_async_kv(sk + i * BN * LD, sv + i * BN * LD, gk, gv, &p, &tp, (n_begin + i) * BN,
-                          BN, D, cols_k, cols_v, kld, tid, NT);
+        if (n_begin + i < n_end) FA_I_DECODE_COPY_KV(i, n_begin + i);
         fa_i_cp_async_commit();
     }
     FA_I_CP_ASYNC_WAIT(STAGES - 2); /* Q has landed (the first commit group) */
@@ -3504,11 +3540,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         __syncthreads();
         {
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
-            if (next < n_end)
-                fa_i_async_kv(sk + ns * BN * LD, sv + ns * BN * LD, gk, gv, &p, &tp, next * BN,
-                              BN, D, cols_k, cols_v, kld, tid, NT);
+            if (next < n_end) FA_I_DECODE_COPY_KV(ns, next);
             fa_i_cp_async_commit();
-            if (pages && tp.sliced && next + 1 < n_end)
+            if (general && pages && tp.sliced && next + 1 < n_end)
                 fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         }
 #if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -3528,6 +3562,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                                              all_lo, all_hi, log2_scale, col0);
     }
     FA_I_CP_ASYNC_WAIT(0);
+#undef FA_I_DECODE_COPY_KV
+#undef FA_I_DECODE_PAGE_OF
     /* tables_on_device: the entries this CTA read, checked now (the lookups
        read a bad one as page 0; a check before the loop kept its flag in a
        register through it, which spilled at d = 192) */
@@ -3612,33 +3648,29 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         }
     }
 }
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
-    FA_I_KNAME(fa_i_fwd_decode)(const fa_params p, const fa_i_decode_args a)
-{
-    FA_I_KNAME(fa_i_decode_body)(&p, a, 0, 0);
-}
-static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)
-    FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), _general)(const fa_params p, const fa_i_decode_args a)
-{
-    FA_I_KNAME(fa_i_decode_body)(&p, a, 1, 0);
-}
-#if FA_I_DECODE_WG
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA_I_DECODE_WG_BODY(general) FA_I_KNAME(fa_i_decode_body)(&p, a, general, 1)
-#else /* an empty body where the a features are not compiled */
-#define FA_I_DECODE_WG_BODY(general) ((void)p, (void)a)
-#endif
-#define FA_I_DECODE_WG_KERNEL(suffix, general)                                               \
+#define FA_I_DECODE_KERNEL(suffix, body)                                                     \
     static __global__ void __launch_bounds__(32 * FA_I_DECODE_WARPS, 2)                      \
         FA_I_CAT(FA_I_KNAME(fa_i_fwd_decode), suffix)(const fa_params p, const fa_i_decode_args a) \
     {                                                                                        \
-        FA_I_DECODE_WG_BODY(general);                                                        \
+        body;                                                                                \
     }
-FA_I_DECODE_WG_KERNEL(_wg, 0)
-FA_I_DECODE_WG_KERNEL(_wg_general, 1)
-#undef FA_I_DECODE_WG_KERNEL
+FA_I_DECODE_KERNEL(, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_DENSE, 0))
+#if FA_I_DECODE_PAGES_BUILT
+FA_I_DECODE_KERNEL(_pages, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_PAGES, 0))
+#endif
+FA_I_DECODE_KERNEL(_general, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_GENERAL, 0))
+#if FA_I_DECODE_WG
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_I_DECODE_WG_BODY(kind) FA_I_KNAME(fa_i_decode_body)(&p, a, kind, 1)
+#else /* an empty body where the a features are not compiled */
+#define FA_I_DECODE_WG_BODY(kind) ((void)p, (void)a)
+#endif
+FA_I_DECODE_KERNEL(_wg, FA_I_DECODE_WG_BODY(FA_I_DECODE_DENSE))
+FA_I_DECODE_KERNEL(_wg_pages, FA_I_DECODE_WG_BODY(FA_I_DECODE_PAGES))
+FA_I_DECODE_KERNEL(_wg_general, FA_I_DECODE_WG_BODY(FA_I_DECODE_GENERAL))
 #undef FA_I_DECODE_WG_BODY
 #endif
+#undef FA_I_DECODE_KERNEL
 #undef FA_I_DEC
 #endif /* >> decode */
 
@@ -5540,7 +5572,8 @@ static __global__ void __launch_bounds__(256, 1)
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL,        \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, 0}
+     FA_I_NO_DECODE_KERNELS, FA_I_NO_DECODE_KERNELS, 0}
+#define FA_I_NO_DECODE_KERNELS {FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
@@ -5767,6 +5800,11 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
+#if FA_I_DECODE_PAGES_BUILT
+#define FA_I_DECODE_PAGES_ENTRY(dt) FA_I_DECODE_ENTRY(dt, _pages)
+#else
+#define FA_I_DECODE_PAGES_ENTRY(dt) FA_I_NO_KERNEL
+#endif
 #if FA_I_DECODE_WG /* the same ring, 64 rows of Q (no DSPLIT), 1 KB aligned */
 #define FA_I_DECODE_WG_SMEM (FA_I_DECODE_SMEM_FOR(64) + 1024)
 #define FA_I_DECODE_WG_ENTRY(dt, suffix)                                                     \
@@ -5792,9 +5830,8 @@ static_assert(FA_I_PITCH(FA_I_D) == FA_I_D && FA_I_DECODE_WG_SMEM <= FA_I_SM90_S
     {FA_I_NO_KERNEL,                                                                         \
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
-     FA_I_NO_KERNEL, FA_I_FP8_FWD_ENTRIES,                                                   \
-     FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL,          \
-     FA_I_NO_KERNEL, FA_I_D}
+     FA_I_NO_KERNEL, FA_I_FP8_FWD_ENTRIES, FA_I_NO_KERNEL, FA_I_NO_KERNEL,                   \
+     FA_I_NO_DECODE_KERNELS, FA_I_NO_DECODE_KERNELS, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
 #endif
@@ -5802,8 +5839,11 @@ static_assert(FA_I_PITCH(FA_I_D) == FA_I_D && FA_I_DECODE_WG_SMEM <= FA_I_SM90_S
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt, ),             \
-     FA_I_FA3_BWD_ENTRY(dt, _varlen), FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_ENTRY(dt, _general), \
-     FA_I_DECODE_WG_ENTRY(dt, _wg), FA_I_DECODE_WG_ENTRY(dt, _wg_general), FA_I_D}
+     FA_I_FA3_BWD_ENTRY(dt, _varlen),                                                        \
+     {FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_PAGES_ENTRY(dt), FA_I_DECODE_ENTRY(dt, _general)}, \
+     {FA_I_DECODE_WG_ENTRY(dt, _wg), FA_I_DECODE_WG_ENTRY(dt, _wg_pages),                    \
+      FA_I_DECODE_WG_ENTRY(dt, _wg_general)},                                                \
+     FA_I_D}
 #if FA_CUDA_SPLIT
 extern
 #else
@@ -5841,6 +5881,7 @@ static
 #undef FA_I_FP8_FWD_ENTRY
 #undef FA_I_FP8_FWD_ENTRIES
 #undef FA_I_DECODE_ENTRY
+#undef FA_I_DECODE_PAGES_ENTRY
 #undef FA_I_DECODE_WG_ENTRY
 #undef FA_I_DECODE_ROW
 #undef FA_I_DECODE_MAX_ROWS
@@ -6320,11 +6361,11 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
                                   size_t workspace, int *taken)
 {
     const fa_params *p = &plan->p;
-    const fa_i_kernel *k = &plan->k->decode, *wg;
+    const fa_i_kernel *k = &plan->k->decode[FA_I_DECODE_DENSE], *wg;
     const int packed = p->heads_q / p->heads_kv * p->seqlen_q;
     fa_i_decode_args *a = &plan->decode;
     int64_t base;
-    int general;
+    fa_i_decode_kind kind;
     *taken = 0;
     if (FA_VARIANT != 2 || p->seqlen_q > FA_I_DECODE_MAX_Q || !k->fn ||
         (size_t)dev->smem_optin < k->smem) {
@@ -6336,27 +6377,31 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
         return FA_OK;
     }
     memset(a, 0, sizeof *a);
-    /* dense rows of the kernels' head dim on their own kernels, more than 32
-       packed rows on Hopper's wgmma ones: their sm_90a code runs here where
-       the FA3 forward's of their unit does (the same targets; they have no
-       static shared memory to tell by themselves, and an sm_90 build
-       without the a features gives them empty bodies) */
-    general = p->block_table || p->head_dim != plan->k->head_dim || p->head_dim_v != plan->k->head_dim;
-    wg = general ? &plan->k->decode_wg_general : &plan->k->decode_wg;
+    /* the kernel of the rows' kind (fa_i_decode_kind), more than 32 packed
+       rows on Hopper's wgmma ones: their sm_90a code runs here where the FA3
+       forward's of their unit does (the same targets; they have no static
+       shared memory to tell by themselves, and an sm_90 build without the a
+       features gives them empty bodies) */
+    kind = p->head_dim != plan->k->head_dim || p->head_dim_v != plan->k->head_dim
+               ? FA_I_DECODE_GENERAL
+           : !p->block_table                 ? FA_I_DECODE_DENSE
+           : p->page_size % k->keys == 0 && plan->k->decode[FA_I_DECODE_PAGES].fn
+               ? FA_I_DECODE_PAGES
+               : FA_I_DECODE_GENERAL;
+    k = &plan->k->decode[kind];
+    wg = &plan->k->decode_wg[kind];
     if (packed > 32 && wg->fn && (size_t)dev->smem_optin >= wg->smem &&
         fa_i_fa3_compiled(plan->k->fa3_fwd[0].fn, plan->k->fa3_fwd[0].smem, dev))
         k = wg;
-    else if (general)
-        k = &plan->k->decode_general;
     plan->decode_k = k;
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
     base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
-    /* the general kernel's page walk (and column masks) cost more per
-       byte than the dense kernels' streams, and row blocks that share each
+    /* the general kernels' page walk (and column masks) cost more per
+       byte than the other kernels' streams, and row blocks that share each
        K/V tile (through L2) do more arithmetic per byte: both keep more
        CTAs an SM in flight */
-    a->splits = fa_i_decode_splits(p, k, base, !general && a->row_blocks == 1, dev);
+    a->splits = fa_i_decode_splits(p, k, base, kind != FA_I_DECODE_GENERAL && a->row_blocks == 1, dev);
     a->part_floats = /* rows of the kernels' head dim */
         (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * plan->k->head_dim);
     a->lse_floats = (int64_t)fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q);

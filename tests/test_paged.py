@@ -284,7 +284,17 @@ GPU_CASES = (
                                                    heads_kv=2, head_dim=256, poison=True)),
         ("decode_poison_page_64_d160", dict(cache_lens=[65, 700], seqlen_q=5, page_size=64,
                                             max_pages=12, head_dim=160, num_splits=2,
-                                            poison=True)))
+                                            poison=True)),
+        # pages of whole key tiles (the _pages kernels): a multiple of the
+        # 64-key tile that is no power of two, and the wgmma kernel's
+        ("decode_poison_page_192_split_3_d128", dict(cache_lens=[191, 192, 193, 1500],
+                                                     seqlen_new=1, page_size=192, max_pages=8,
+                                                     head_dim=128, num_splits=3, poison=True)),
+        ("decode_wgmma_poison_page_64_d128_split_3", dict(cache_lens=[63, 64, 65, 1000],
+                                                          seqlen_new=16, seqlen_q=16,
+                                                          page_size=64, max_pages=17, heads_q=8,
+                                                          heads_kv=2, head_dim=128, causal=True,
+                                                          num_splits=3, poison=True)))
 for name, cfg in GPU_CASES:
     case(f"gpu_paged_{name}", paged_case, backend="gpu", **dict(dict(dtype="bf16"), **cfg))
 # tables_on_device: the decode path's walks (pages sliced by 16 and a page a
@@ -297,7 +307,8 @@ for name, cfg in GPU_CASES:
                 "speculative_16_window_softcap_f16", "decode_wgmma_page_16_d128_gqa8",
                 "decode_wgmma_page_7_d64_split_5", "decode_page_256_d256_padded",
                 "decode_empty_sequences", "decode_poison_page_24_split_2_d64",
-                "decode_poison_page_16_d256_rows64", "prefill_poison_page_64_d128",
+                "decode_poison_page_16_d256_rows64", "decode_poison_page_192_split_3_d128",
+                "decode_wgmma_poison_page_64_d128_split_3", "prefill_poison_page_64_d128",
                 "prefill_poison_page_256_d128_causal", "prefill_poison_page_256_d128_long_keys",
                 "prefill_in_place_page_128_d64_causal_gqa",
                 "prefill_in_place_page_256_d128_window_softcap_f16",
@@ -455,19 +466,24 @@ case("gpu_paged_device_tables_graph_prefill", _device_tables_graph, 40, 64, 16)
 case("gpu_paged_device_tables_graph_prefill_gathered", _device_tables_graph, 40, 16, 64)
 
 
-def _device_tables_bad(mutate, bad_seq, prefill_page=0):
+def _device_tables_bad(mutate, bad_seq, prefill_page=0, decode_page=0):
     """tables_on_device with a bad entry or length in sequence bad_seq: no
     fault, that sequence's O and LSE all NaN, the others' bits those of the
     valid tables, and the cache written only where the valid tables' append
-    wrote (never past the cache). A decode step, or a prefill chunk of 20
-    queries over pages of prefill_page keys (64: the FA3 kernel reads them
-    in place; 16: gathered first), 384 keys a sequence at most."""
+    wrote (never past the cache). A decode step over pages of 8 keys (the
+    general kernel's page walk) or of decode_page keys (64: whole key tiles,
+    the _pages kernel), or a prefill chunk of 20 queries over pages of
+    prefill_page keys (64: the FA3 kernel reads them in place; 16: gathered
+    first); 384 keys a sequence at most with either page size given."""
     need_gpu()
-    if prefill_page:
-        _need_fa3()
-        prob = PagedProblem(rng_for("paged_dev_bad_prefill"), cache_lens=[100, 200, 300],
-                            seqlen_new=20, page_size=prefill_page, max_pages=384 // prefill_page,
-                            heads_q=8, heads_kv=2, head_dim=128, dtype="bf16", seqlen_q=20,
+    if prefill_page or decode_page:
+        if prefill_page:
+            _need_fa3()
+        prob = PagedProblem(rng_for("paged_dev_bad_pages"), cache_lens=[100, 200, 300],
+                            seqlen_new=20 if prefill_page else 2,
+                            page_size=prefill_page or decode_page,
+                            max_pages=384 // (prefill_page or decode_page), heads_q=8, heads_kv=2,
+                            head_dim=128, dtype="bf16", seqlen_q=20 if prefill_page else 2,
                             causal=True)
     else:
         prob = PagedProblem(rng_for("paged_dev_bad"), cache_lens=[10, 20, 30], seqlen_new=2,
@@ -512,16 +528,19 @@ for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
                               ("length_past_the_table", _lens(1, 39), 1),
                               ("negative_length", _lens(0, -3), 0)):
     case(f"gpu_paged_device_tables_bad_{name}", _device_tables_bad, mutate, bad_seq)
-for page, suffix in ((64, ""), (16, "_gathered")):
-    # sequence 0's append (keys 100 - 119) starts in entry 100 // page
+for prefix, page, kind in (("prefill_bad", 64, "prefill_page"),
+                           ("prefill_bad", 16, "prefill_page"),
+                           ("bad", 64, "decode_page")):
+    suffix = "_gathered" if page == 16 else "_whole_pages" if kind == "decode_page" else ""
+    # sequence 0's append (keys 100 - 119, or 100 - 101) starts in entry 100 // page
     for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
                                   ("negative_page", _table(2, 0, -7), 2),
                                   ("page_of_the_append_past_the_cache",
                                    _table(0, 100 // page, 99), 0),
                                   ("length_past_the_table", _lens(1, 400), 1),
                                   ("negative_length", _lens(0, -3), 0)):
-        case(f"gpu_paged_device_tables_prefill_bad_{name}{suffix}", _device_tables_bad, mutate,
-             bad_seq, prefill_page=page)
+        case(f"gpu_paged_device_tables_{prefix}_{name}{suffix}", _device_tables_bad, mutate,
+             bad_seq, **{kind: page})
 
 
 @test

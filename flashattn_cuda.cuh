@@ -604,13 +604,16 @@ typedef struct fa_i_kernel {
 /* What a decode kernel's key tiles read (a constant of each kernel, its
    name's suffix): dense rows of the tile's head dim; a paged cache's rows
    of that head dim in pages of whole key tiles (page_size a multiple of
-   the tile's keys: one address a tile, _pages); anything else (other page
-   sizes, head dims below the tile's: a page walk a 16-key slice and column
-   masks, _general). Each path carried in a kernel that does not take it
-   slowed that kernel (DESIGN.md, paged caches). */
+   the tile's keys: one address a tile, _pages); in pages of whole 16-key
+   slices (page_size a multiple of 16: an address a slice, the walk of
+   fa_i_tile_pages, _slices); anything else (other page sizes, head dims
+   below the tile's: a page lookup a row and column masks, _general). Each
+   path carried in a kernel that does not take it slowed that kernel
+   (DESIGN.md, paged caches). */
 typedef enum fa_i_decode_kind {
     FA_I_DECODE_DENSE,
     FA_I_DECODE_PAGES,
+    FA_I_DECODE_SLICES,
     FA_I_DECODE_GENERAL,
     FA_I_DECODE_KINDS
 } fa_i_decode_kind;
@@ -3238,10 +3241,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
      S = Q K^T (16 x 16 STEP, all of d), softcap, mask, online softmax,
      O[:, its columns] += P V
    At the end the KS warps of a (row tile, column part) merge their (m, l, O)
-   through shared memory. Each kernel comes in three kinds by what its tiles
-   read (fa_i_decode_kind: dense, _pages, _general). On Hopper, more than 32
-   packed rows on the tiles of d = 64, 128 and 256 run the wgmma kernels
-   (_wg, _wg_pages, _wg_general): the same CTA, ring
+   through shared memory. Each kernel comes in four kinds by what its tiles
+   read (fa_i_decode_kind: dense, _pages, _slices, _general). On Hopper,
+   more than 32 packed rows on the tiles of d = 64, 128 and 256 run the
+   wgmma kernels (_wg, _wg_pages, ...): the same CTA, ring
    and schedule, its 4 warps one warpgroup over 64 rows, each key tile's
    S = Q K^T and O += P V one wgmma chain each (fa_i_decode_wg_step): at 16
    query tokens and group 4, mma.sync's per-warp chains were latency-bound
@@ -3253,10 +3256,13 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    columns beside S in its registers (d = 256: 128 a thread, at one CTA an
    SM, which its shared memory sets anyway). */
 #define FA_I_DECODE_WG (FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256))
-/* The head dims with the mma.sync kernel over whole pages (_pages): not
-   d = 192, whose dense kernel sits at 255 registers (_pages spilled; its
-   pages take _general). */
+/* The head dims with the kernels over whole pages (_pages): not d = 192,
+   whose dense kernel sits at 255 registers (_pages spilled; its pages take
+   _general); over whole slices (_slices): d = 128, where they ran faster
+   than _general (at d = 64 slower where splits are few, at d = 256 they
+   spilled; DESIGN.md, paged caches). */
 #define FA_I_DECODE_PAGES_BUILT (FA_I_D != 192)
+#define FA_I_DECODE_SLICES_BUILT (FA_I_D == 128)
 #endif
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
@@ -3396,7 +3402,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                                                                    const fa_i_decode_args a,
                                                                    const int kind, const int wg)
 {
-    const int general = kind == FA_I_DECODE_GENERAL, whole = kind == FA_I_DECODE_PAGES;
+    const int general = kind == FA_I_DECODE_GENERAL, whole = kind == FA_I_DECODE_PAGES,
+              sliced = kind == FA_I_DECODE_SLICES;
     enum {
         D = FA_I_D, BN = FA_I_DEC(KEYS), STAGES = FA_I_DEC(STAGES),
         NT = 32 * FA_I_DECODE_WARPS, LD = FA_I_PITCH(D), SLICES = BN / 16, BF16 = FA_I_IS_BF16
@@ -3458,10 +3465,11 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                          ? 0
                          : p.cache_seqlens[b] + p.seqlen_new;
         fa_i_bottom_right(&p);
-        tp.sliced = p.page_size % 16 == 0;
+        tp.sliced = sliced || p.page_size % 16 == 0; /* _slices: the plan's */
         tp.num_pages = p.num_pages;
     }
     tp.table = pages;
+    const int walk = pages && !whole && tp.sliced; /* slices looked up a tile ahead */
     fa_i_rows_key_span(&p, t_first, t_last + 1, &first_lo, &last_hi);
     fa_i_rows_common_keys(&p, t_first, t_last + 1, &all_lo, &all_hi);
     { /* this split's share of the key tiles the rows see */
@@ -3495,7 +3503,8 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
        tile ahead of its copy (in the key loop, during the previous tile's
        products): a load just before the copy would hold it up (the copy's
        asm clobbers memory). Whole pages: the tile's rows are the dense
-       copy's from one page, the table's entry for tile t + 1 loaded after. */
+       copy's from one page, the table's entry for tile t + 1 loaded after.
+       Whole slices: the copy's slice mode, no other (fa_i_async_rows_as). */
 #define FA_I_DECODE_PAGE_OF(t) ((t) < n_end ? pages[(unsigned)((t) * BN) / (unsigned)p.page_size] : 0)
 #define FA_I_DECODE_COPY_KV(st, t)                                                                 \
     do {                                                                                           \
@@ -3508,16 +3517,21 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
                           gk + page_ * p.k_layout.batch + row_ * p.k_layout.seq,                   \
                           gv + page_ * p.v_layout.batch + row_ * p.v_layout.seq, &p, NULL, c0_, BN, \
                           D, cols_k, cols_v, kld, tid, NT);                                        \
+        } else if (sliced) {                                                                       \
+            fa_i_async_rows_as(1, sk + (st) * BN * LD, gk, p.k_layout.seq, &tp, p.page_size,       \
+                               p.k_layout.batch, c0_, p.seqlen_k, BN, D, D, kld, tid, NT);         \
+            fa_i_async_rows_as(1, sv + (st) * BN * LD, gv, p.v_layout.seq, &tp, p.page_size,       \
+                               p.v_layout.batch, c0_, p.seqlen_k, BN, D, D, kld, tid, NT);         \
         } else                                                                                     \
             fa_i_async_kv(sk + (st) * BN * LD, sv + (st) * BN * LD, gk, gv, &p, &tp, c0_, BN, D,   \
                           cols_k, cols_v, kld, tid, NT);                                           \
     } while (0)
     /* the ring's first tiles, a commit group each */
     if (whole) next_page = FA_I_DECODE_PAGE_OF(n_begin);
-    if (general && pages && tp.sliced) fa_i_tile_pages_seek(&tp, p.page_size, n_begin * BN);
+    if (walk) fa_i_tile_pages_seek(&tp, p.page_size, n_begin * BN);
 #pragma unroll
     for (i = 0; i < STAGES; ++i) {
-        if (general && pages && tp.sliced) fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
+        if (walk) fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         if (i == STAGES - 1) break;
         if (n_begin + i < n_end) FA_I_DECODE_COPY_KV(i, n_begin + i);
         fa_i_cp_async_commit();
@@ -3542,7 +3556,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
             if (next < n_end) FA_I_DECODE_COPY_KV(ns, next);
             fa_i_cp_async_commit();
-            if (general && pages && tp.sliced && next + 1 < n_end)
+            if (walk && next + 1 < n_end)
                 fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         }
 #if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -3658,6 +3672,9 @@ FA_I_DECODE_KERNEL(, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_DENSE, 0))
 #if FA_I_DECODE_PAGES_BUILT
 FA_I_DECODE_KERNEL(_pages, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_PAGES, 0))
 #endif
+#if FA_I_DECODE_SLICES_BUILT
+FA_I_DECODE_KERNEL(_slices, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_SLICES, 0))
+#endif
 FA_I_DECODE_KERNEL(_general, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_GENERAL, 0))
 #if FA_I_DECODE_WG
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -3666,7 +3683,12 @@ FA_I_DECODE_KERNEL(_general, FA_I_KNAME(fa_i_decode_body)(&p, a, FA_I_DECODE_GEN
 #define FA_I_DECODE_WG_BODY(kind) ((void)p, (void)a)
 #endif
 FA_I_DECODE_KERNEL(_wg, FA_I_DECODE_WG_BODY(FA_I_DECODE_DENSE))
+#if FA_I_DECODE_PAGES_BUILT
 FA_I_DECODE_KERNEL(_wg_pages, FA_I_DECODE_WG_BODY(FA_I_DECODE_PAGES))
+#endif
+#if FA_I_DECODE_SLICES_BUILT
+FA_I_DECODE_KERNEL(_wg_slices, FA_I_DECODE_WG_BODY(FA_I_DECODE_SLICES))
+#endif
 FA_I_DECODE_KERNEL(_wg_general, FA_I_DECODE_WG_BODY(FA_I_DECODE_GENERAL))
 #undef FA_I_DECODE_WG_BODY
 #endif
@@ -5573,7 +5595,7 @@ static __global__ void __launch_bounds__(256, 1)
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL,        \
      FA_I_NO_DECODE_KERNELS, FA_I_NO_DECODE_KERNELS, 0}
-#define FA_I_NO_DECODE_KERNELS {FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
+#define FA_I_NO_DECODE_KERNELS {FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
 static const fa_i_kernels FA_I_CAT(fa_i_kernels_, FA_I_D)[3] = {FA_I_NO_KERNELS, FA_I_NO_KERNELS,
@@ -5800,10 +5822,16 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
     {FA_I_KERNEL_OF(fa_i_fwd_decode, dt, suffix), FA_I_DECODE_MAX_ROWS,                     \
      FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW), 32 * FA_I_DECODE_WARPS, FA_I_DECODE_SMEM}
+/* entry(dt, suffix) where that kind is built */
 #if FA_I_DECODE_PAGES_BUILT
-#define FA_I_DECODE_PAGES_ENTRY(dt) FA_I_DECODE_ENTRY(dt, _pages)
+#define FA_I_DECODE_PAGES_ENTRY(entry, dt, suffix) entry(dt, suffix)
 #else
-#define FA_I_DECODE_PAGES_ENTRY(dt) FA_I_NO_KERNEL
+#define FA_I_DECODE_PAGES_ENTRY(entry, dt, suffix) FA_I_NO_KERNEL
+#endif
+#if FA_I_DECODE_SLICES_BUILT
+#define FA_I_DECODE_SLICES_ENTRY(entry, dt, suffix) entry(dt, suffix)
+#else
+#define FA_I_DECODE_SLICES_ENTRY(entry, dt, suffix) FA_I_NO_KERNEL
 #endif
 #if FA_I_DECODE_WG /* the same ring, 64 rows of Q (no DSPLIT), 1 KB aligned */
 #define FA_I_DECODE_WG_SMEM (FA_I_DECODE_SMEM_FOR(64) + 1024)
@@ -5840,8 +5868,11 @@ static_assert(FA_I_PITCH(FA_I_D) == FA_I_D && FA_I_DECODE_WG_SMEM <= FA_I_SM90_S
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
      FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt, ),             \
      FA_I_FA3_BWD_ENTRY(dt, _varlen),                                                        \
-     {FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_PAGES_ENTRY(dt), FA_I_DECODE_ENTRY(dt, _general)}, \
-     {FA_I_DECODE_WG_ENTRY(dt, _wg), FA_I_DECODE_WG_ENTRY(dt, _wg_pages),                    \
+     {FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_PAGES_ENTRY(FA_I_DECODE_ENTRY, dt, _pages),       \
+      FA_I_DECODE_SLICES_ENTRY(FA_I_DECODE_ENTRY, dt, _slices),                              \
+      FA_I_DECODE_ENTRY(dt, _general)},                                                      \
+     {FA_I_DECODE_WG_ENTRY(dt, _wg), FA_I_DECODE_PAGES_ENTRY(FA_I_DECODE_WG_ENTRY, dt, _wg_pages), \
+      FA_I_DECODE_SLICES_ENTRY(FA_I_DECODE_WG_ENTRY, dt, _wg_slices),                        \
       FA_I_DECODE_WG_ENTRY(dt, _wg_general)},                                                \
      FA_I_D}
 #if FA_CUDA_SPLIT
@@ -5882,6 +5913,7 @@ static
 #undef FA_I_FP8_FWD_ENTRIES
 #undef FA_I_DECODE_ENTRY
 #undef FA_I_DECODE_PAGES_ENTRY
+#undef FA_I_DECODE_SLICES_ENTRY
 #undef FA_I_DECODE_WG_ENTRY
 #undef FA_I_DECODE_ROW
 #undef FA_I_DECODE_MAX_ROWS
@@ -6387,6 +6419,8 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
            : !p->block_table                 ? FA_I_DECODE_DENSE
            : p->page_size % k->keys == 0 && plan->k->decode[FA_I_DECODE_PAGES].fn
                ? FA_I_DECODE_PAGES
+           : p->page_size % 16 == 0 && plan->k->decode[FA_I_DECODE_SLICES].fn
+               ? FA_I_DECODE_SLICES
                : FA_I_DECODE_GENERAL;
     k = &plan->k->decode[kind];
     wg = &plan->k->decode_wg[kind];

@@ -24,11 +24,16 @@ scattered pages' locality, the "ordered" columns. Rows with Nq > 16 (the
 last three by default) are prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense and paged decode in the same
-rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns); --rows "B,NK,NQ,D;..." runs
-those rows alone; --heads HQ,HKV sets the query and kv heads (default 32,8).
+rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns);
+--split-factors F,... times the dense decode again with the split count
+forced to F times the library's choice (fa_params.num_splits; the "xF /
+ours" columns: how far the split rule is from a better count); --rows
+"B,NK,NQ,D;..." runs those rows alone; --heads HQ,HKV sets the query and kv
+heads (default 32,8).
 
 Usage: python3 bench/bench_decode.py [--quick] [--paged PAGE_SIZES] [--device-tables PAGE_SIZES]
-           [--ordered PAGE_SIZES] [--extra NAME=SHIM] [--rows B,NK,NQ,D;...] [--heads HQ,HKV] [--out DIR]"""
+           [--ordered PAGE_SIZES] [--extra NAME=SHIM] [--split-factors F,...] [--rows B,NK,NQ,D;...]
+           [--heads HQ,HKV] [--out DIR]"""
 import argparse
 import ctypes
 import datetime
@@ -67,6 +72,7 @@ PAGE_SIZES = []  # --paged
 DEVICE_PAGE_SIZES = []  # --device-tables
 ORDERED_PAGE_SIZES = []  # --ordered
 EXTRA = []  # (name, shim) of --extra builds
+SPLIT_FACTORS = []  # --split-factors
 
 
 class Decode:
@@ -76,9 +82,11 @@ class Decode:
     with device_tables in device memory; ordered: each sequence's pages
     consecutive)."""
 
-    def __init__(self, q, k, v, o, lib, page_size=0, device_tables=False, ordered=False):
+    def __init__(self, q, k, v, o, lib, page_size=0, device_tables=False, ordered=False,
+                 num_splits=0):
         self.lib = lib
         p = fa.Params()
+        p.num_splits = num_splits
         p.dtype = fa.DTYPES["bf16"]
         p.batch, p.seqlen_q, p.heads_q, p.head_dim = q.shape
         p.seqlen_k, p.heads_kv = k.shape[1], k.shape[2]
@@ -160,11 +168,11 @@ def run_row(b, nk, nq, d, reps):
 
     fns = {}
 
-    def decode(key, lib, page_size=0, device_tables=False, ordered=False):
+    def decode(key, lib, page_size=0, device_tables=False, ordered=False, num_splits=0):
         """lib's decode over every input set (pages of page_size, 0: contiguous),
         each with an O of its own; the first checked before any timing."""
         fns[key] = [Decode(q_, k_, v_, torch.full_like(q_, float("nan")), lib, page_size,
-                           device_tables, ordered) for q_, k_, v_ in inputs]
+                           device_tables, ordered, num_splits) for q_, k_, v_ in inputs]
         if device_tables and lib.fa_cuda_supported(ctypes.byref(fns[key][0].p), 0) != fa.FA_OK:
             del fns[key]  # a shape tables_on_device does not serve (its column: "-")
             return
@@ -182,6 +190,8 @@ def run_row(b, nk, nq, d, reps):
         decode(f"dev{ps}", fa.GPU, ps, device_tables=True)
     for ps in ORDERED_PAGE_SIZES:
         decode(f"ord{ps}", fa.GPU, ps, ordered=True)
+    for f in SPLIT_FACTORS:
+        decode(f"x{f}", fa.GPU, num_splits=min(f * row["splits"], 64))
     for name, lib in EXTRA:  # other builds' dense and paged decode, for same-process A/B
         decode(name, lib)
         for ps in PAGE_SIZES:
@@ -235,9 +245,11 @@ def table(rows):
              + "".join(f" paged {ps} / dense |" for ps in PAGE_SIZES)
              + "".join(f" paged {ps} dev / dense |" for ps in DEVICE_PAGE_SIZES)
              + "".join(f" paged {ps} ordered / dense |" for ps in ORDERED_PAGE_SIZES)
+             + "".join(f" x{f} / ours |" for f in SPLIT_FACTORS)
              + "".join(f" {name} / ours |" + "".join(f" {name} paged {ps} / dense |"
                                                      for ps in PAGE_SIZES) for name, _ in EXTRA),
-             "|" + "---|" * (14 + len(DEVICE_PAGE_SIZES) + len(ORDERED_PAGE_SIZES) + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
+             "|" + "---|" * (14 + len(DEVICE_PAGE_SIZES) + len(ORDERED_PAGE_SIZES) + len(SPLIT_FACTORS)
+                            + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
     for r in rows:
         pct = 100 * r["ours_gbs"] / r["copy_gbs"]
         lines.append(
@@ -250,6 +262,7 @@ def table(rows):
             + "".join(f" {r[f'dev{ps}_gbs'] / r['ours_gbs']:.3f} |" if f"dev{ps}_gbs" in r else " - |"
                       for ps in DEVICE_PAGE_SIZES)
             + "".join(f" {r[f'ord{ps}_gbs'] / r['ours_gbs']:.3f} |" for ps in ORDERED_PAGE_SIZES)
+            + "".join(f" {r[f'x{f}_gbs'] / r['ours_gbs']:.3f} |" for f in SPLIT_FACTORS)
             + "".join(f" {r[name + '_gbs'] / r['ours_gbs']:.3f} |"
                       + "".join(f" {r[f'{name}_paged{ps}_gbs'] / r['ours_gbs']:.3f} |"
                                 for ps in PAGE_SIZES) for name, _ in EXTRA))
@@ -268,6 +281,8 @@ def main():
                     help="also time these page sizes with each sequence's pages in order")
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=SHIM",
                     help="also time another build's dense decode (a tests/shim_cuda.cu .so)")
+    ap.add_argument("--split-factors", default="", metavar="F,...",
+                    help="also time the dense decode at F times the library's split count")
     ap.add_argument("--rows", default="", metavar="B,NK,NQ,D;...", help="only these rows")
     ap.add_argument("--heads", default="32,8", metavar="HQ,HKV", help="query and kv heads")
     args = ap.parse_args()
@@ -276,6 +291,7 @@ def main():
     PAGE_SIZES.extend(int(x) for x in args.paged.split(",") if x)
     DEVICE_PAGE_SIZES.extend(int(x) for x in args.device_tables.split(",") if x)
     ORDERED_PAGE_SIZES.extend(int(x) for x in args.ordered.split(",") if x)
+    SPLIT_FACTORS.extend(int(x) for x in args.split_factors.split(",") if x)
     EXTRA.extend((e.split("=")[0], fa.load_gpu(os.path.abspath(e.split("=")[1]))) for e in args.extra)
     if torch is None or not torch.cuda.is_available() or fa.GPU is None:
         print("bench_decode: needs a GPU, the CUDA shim (make) and PyTorch; skipped")

@@ -294,7 +294,18 @@ GPU_CASES = (
                                                           seqlen_new=16, seqlen_q=16,
                                                           page_size=64, max_pages=17, heads_q=8,
                                                           heads_kv=2, head_dim=128, causal=True,
-                                                          num_splits=3, poison=True)))
+                                                          num_splits=3, poison=True)),
+        # pages of whole 16-key slices (the _slices kernels, d = 128): a
+        # split starting inside a page, pages that tiles cross (48)
+        ("decode_poison_page_32_split_5_d128", dict(cache_lens=[31, 32, 33, 1500], seqlen_q=3,
+                                                    page_size=32, max_pages=48, head_dim=128,
+                                                    heads_q=8, heads_kv=2, num_splits=5,
+                                                    poison=True)),
+        ("decode_wgmma_poison_page_48_d128_split_2", dict(cache_lens=[47, 48, 49, 700],
+                                                          seqlen_new=16, seqlen_q=16,
+                                                          page_size=48, max_pages=16, heads_q=8,
+                                                          heads_kv=2, head_dim=128, causal=True,
+                                                          num_splits=2, poison=True)))
 for name, cfg in GPU_CASES:
     case(f"gpu_paged_{name}", paged_case, backend="gpu", **dict(dict(dtype="bf16"), **cfg))
 # tables_on_device: the decode path's walks (pages sliced by 16 and a page a
@@ -308,7 +319,8 @@ for name, cfg in GPU_CASES:
                 "decode_wgmma_page_7_d64_split_5", "decode_page_256_d256_padded",
                 "decode_empty_sequences", "decode_poison_page_24_split_2_d64",
                 "decode_poison_page_16_d256_rows64", "decode_poison_page_192_split_3_d128",
-                "decode_wgmma_poison_page_64_d128_split_3", "prefill_poison_page_64_d128",
+                "decode_wgmma_poison_page_64_d128_split_3", "decode_poison_page_32_split_5_d128",
+                "decode_wgmma_poison_page_48_d128_split_2", "prefill_poison_page_64_d128",
                 "prefill_poison_page_256_d128_causal", "prefill_poison_page_256_d128_long_keys",
                 "prefill_in_place_page_128_d64_causal_gqa",
                 "prefill_in_place_page_256_d128_window_softcap_f16",
@@ -474,7 +486,8 @@ def _device_tables_bad(mutate, bad_seq, prefill_page=0, decode_page=0):
     general kernel's page walk) or of decode_page keys (64: whole key tiles,
     the _pages kernel), or a prefill chunk of 20 queries over pages of
     prefill_page keys (64: the FA3 kernel reads them in place; 16: gathered
-    first); 384 keys a sequence at most with either page size given."""
+    first); 384 keys a sequence at most with either page size given (a
+    decode step over pages of 16: whole slices, the _slices kernel)."""
     need_gpu()
     if prefill_page or decode_page:
         if prefill_page:
@@ -530,8 +543,10 @@ for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
     case(f"gpu_paged_device_tables_bad_{name}", _device_tables_bad, mutate, bad_seq)
 for prefix, page, kind in (("prefill_bad", 64, "prefill_page"),
                            ("prefill_bad", 16, "prefill_page"),
-                           ("bad", 64, "decode_page")):
-    suffix = "_gathered" if page == 16 else "_whole_pages" if kind == "decode_page" else ""
+                           ("bad", 64, "decode_page"),
+                           ("bad", 16, "decode_page")):
+    suffix = ("" if kind == "prefill_page" and page == 64 else "_gathered" if kind == "prefill_page"
+              else "_whole_pages" if page == 64 else "_whole_slices")
     # sequence 0's append (keys 100 - 119, or 100 - 101) starts in entry 100 // page
     for name, mutate, bad_seq in (("page_past_the_cache", _table(1, 1, 10 ** 6), 1),
                                   ("negative_page", _table(2, 0, -7), 2),

@@ -3258,11 +3258,11 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
 #define FA_I_DECODE_WG (FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256))
 /* The head dims with the kernels over whole pages (_pages): not d = 192,
    whose dense kernel sits at 255 registers (_pages spilled; its pages take
-   _general); over whole slices (_slices): d = 128, where they ran faster
-   than _general (at d = 64 slower where splits are few, at d = 256 they
-   spilled; DESIGN.md, paged caches). */
+   _general); over whole slices (_slices): d = 64 and 128, where they ran
+   faster than _general (at d = 256 they spilled; DESIGN.md, paged
+   caches). */
 #define FA_I_DECODE_PAGES_BUILT (FA_I_D != 192)
-#define FA_I_DECODE_SLICES_BUILT (FA_I_D == 128)
+#define FA_I_DECODE_SLICES_BUILT (FA_I_D == 64 || FA_I_D == 128)
 #endif
 
 #if defined(FA_I_PASS) && FA_I_PASS == FA_I_PASS_DECODE
@@ -6431,11 +6431,16 @@ static fa_status fa_i_plan_decode(fa_i_forward_plan *plan, const fa_i_device *de
     a->row_tiles = packed <= 16 ? 1 : packed <= 32 || k->rows < 64 ? 2 : 4; /* k->rows: 64 or 32 */
     a->row_blocks = fa_i_blocks(packed, 16 * a->row_tiles);
     base = (int64_t)p->batch * p->heads_kv * a->row_blocks;
-    /* the general kernels' page walk (and column masks) cost more per
-       byte than the other kernels' streams, and row blocks that share each
-       K/V tile (through L2) do more arithmetic per byte: both keep more
-       CTAs an SM in flight */
-    a->splits = fa_i_decode_splits(p, k, base, kind != FA_I_DECODE_GENERAL && a->row_blocks == 1, dev);
+    /* waves of one CTA an SM, but where the instructions a byte are more:
+       the general kernels' page lookups (and column masks), the slice walk
+       over d = 64's tiles (half d = 128's bytes for the same walk), and row
+       blocks that share each K/V tile (through L2, more arithmetic a
+       byte), which keep more CTAs an SM in flight */
+    a->splits = fa_i_decode_splits(p, k, base,
+                                   a->row_blocks == 1 &&
+                                       (kind == FA_I_DECODE_DENSE || kind == FA_I_DECODE_PAGES ||
+                                        (kind == FA_I_DECODE_SLICES && plan->k->head_dim > 64)),
+                                   dev);
     a->part_floats = /* rows of the kernels' head dim */
         (int64_t)fa_i_round4((size_t)p->batch * p->seqlen_q * p->heads_q * plan->k->head_dim);
     a->lse_floats = (int64_t)fa_i_round4((size_t)p->batch * p->heads_q * p->seqlen_q);

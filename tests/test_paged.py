@@ -295,12 +295,15 @@ GPU_CASES = (
                                                           page_size=64, max_pages=17, heads_q=8,
                                                           heads_kv=2, head_dim=128, causal=True,
                                                           num_splits=3, poison=True)),
-        # pages of whole 16-key slices (the _slices kernels, d = 128): a
-        # split starting inside a page, pages that tiles cross (48)
+        # pages of whole 16-key slices (the _slices kernels, d = 64 and
+        # 128): a split starting inside a page, pages that tiles cross (48)
         ("decode_poison_page_32_split_5_d128", dict(cache_lens=[31, 32, 33, 1500], seqlen_q=3,
                                                     page_size=32, max_pages=48, head_dim=128,
                                                     heads_q=8, heads_kv=2, num_splits=5,
                                                     poison=True)),
+        ("decode_poison_page_16_d64_gqa", dict(cache_lens=[15, 16, 17, 900], seqlen_new=1,
+                                               seqlen_q=2, page_size=16, max_pages=60,
+                                               heads_q=8, heads_kv=2, causal=True, poison=True)),
         ("decode_wgmma_poison_page_48_d128_split_2", dict(cache_lens=[47, 48, 49, 700],
                                                           seqlen_new=16, seqlen_q=16,
                                                           page_size=48, max_pages=16, heads_q=8,
@@ -320,7 +323,8 @@ for name, cfg in GPU_CASES:
                 "decode_empty_sequences", "decode_poison_page_24_split_2_d64",
                 "decode_poison_page_16_d256_rows64", "decode_poison_page_192_split_3_d128",
                 "decode_wgmma_poison_page_64_d128_split_3", "decode_poison_page_32_split_5_d128",
-                "decode_wgmma_poison_page_48_d128_split_2", "prefill_poison_page_64_d128",
+                "decode_wgmma_poison_page_48_d128_split_2", "decode_poison_page_16_d64_gqa",
+                "prefill_poison_page_64_d128",
                 "prefill_poison_page_256_d128_causal", "prefill_poison_page_256_d128_long_keys",
                 "prefill_in_place_page_128_d64_causal_gqa",
                 "prefill_in_place_page_256_d128_window_softcap_f16",

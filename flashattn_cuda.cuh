@@ -605,10 +605,11 @@ typedef struct fa_i_kernel {
    name's suffix): dense rows of the tile's head dim; a paged cache's rows
    of that head dim in pages of whole key tiles (page_size a multiple of
    the tile's keys: one address a tile, _pages); in pages of whole 16-key
-   slices (page_size a multiple of 16: an address a slice, the walk of
-   fa_i_tile_pages, _slices); anything else (other page sizes, head dims
-   below the tile's: a page lookup a row and column masks, _general). Each
-   path carried in a kernel that does not take it slowed that kernel
+   slices (any other multiple of 16: an address a slice, the walk of
+   fa_i_tile_pages, _slices); anything (every page size, a lookup a row
+   where pages are not whole slices; head dims below the tile's, columns
+   masked: _general, which serves the kinds a head dim does not build).
+   Each path carried in a kernel that does not take it slowed that kernel
    (DESIGN.md, paged caches). */
 typedef enum fa_i_decode_kind {
     FA_I_DECODE_DENSE,

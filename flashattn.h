@@ -1,4 +1,4 @@
-/* flashattn.h - v0.15.1 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.15.2 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -99,7 +99,7 @@
 
 #define FA_VERSION_MAJOR 0
 #define FA_VERSION_MINOR 15
-#define FA_VERSION_PATCH 1
+#define FA_VERSION_PATCH 2
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -3304,6 +3304,9 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.15.2 GPU decode: the split-KV combine specialized for fp32 parts;
+          the wgmma decode kernel overlaps a tile's softmax with the
+          previous tile's P V (d <= 128)
    0.15.1 GPU: paged decode over pages of whole key tiles (page_size a
           multiple of 64) and of whole 16-key slices (a multiple of 16,
           d = 64 and 128) on decode kernels of their own

@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.15.1 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.15.2 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE
@@ -645,12 +645,10 @@ typedef struct fa_i_decode_args {
     int64_t part_floats, lse_floats;
 } fa_i_decode_args;
 
-/* The parts fa_i_combine merges (device pointers), and the columns of a row
-   each lane takes (fa_i_launch_combine picks them). */
+/* The parts the combine kernels merge (device pointers). */
 typedef struct fa_i_combine_args {
     const void *o[FA_MAX_PARTS];
     const float *lse[FA_MAX_PARTS];
-    int cols;
 } fa_i_combine_args;
 
 /* Arguments every backward kernel shares, beside the params. */
@@ -3230,7 +3228,7 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    - split-KV: the keys a tile's rows see are cut into `splits` chunks, one
      CTA each (fa_i_decode_splits picks the count); each writes its rows' O,
      normalized over its keys, in fp32 and their LSE to the workspace, and
-     fa_i_combine merges them (>> combine).
+     a combine kernel merges them (>> combine).
    One CTA of 4 warps per (row block, split, kv head, batch), FA_DECODE_TILE_<d>:
    16 RT packed rows (RT m16 row tiles, the fewest that hold them, at most
    4 / DSPLIT), K/V tiles of KEYS keys through a STAGES-deep cp.async ring.
@@ -3257,6 +3255,10 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    columns beside S in its registers (d = 256: 128 a thread, at one CTA an
    SM, which its shared memory sets anyway). */
 #define FA_I_DECODE_WG (FA_I_SM90 && (FA_I_D == 64 || FA_I_D == 128 || FA_I_D == 256))
+/* Where it overlaps a tile's softmax with the previous tile's P V
+   (fa_i_decode_wg_step): not d = 256, whose 128 registers of O a thread
+   leave no room for P held across the step (it spilled). */
+#define FA_I_DECODE_WG_OVERLAP (FA_I_D <= 128)
 /* The head dims with the kernels over whole pages (_pages): not d = 192,
    whose dense kernel sits at 255 registers (_pages spilled; its pages take
    _general); over whole slices (_slices): d = 64 and 128, where they ran
@@ -3274,12 +3276,11 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
    accumulator layout of mma.sync and wgmma alike (element e of block i: row
    lane / 4 + 8 (e / 2), column 8 i + 2 (lane % 4) + e % 2). */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_softmax)(
-    const fa_params *p, float (*s)[4], const int nb, const int c0, float (*o)[4], const int no,
-    float *m_run, float *l_run, const int *lo, const int *hi, const int all_lo,
-    const int all_hi, const float log2_scale)
+    const fa_params *p, float (*s)[4], const int nb, const int c0, float *alpha, float *m_run,
+    float *l_run, const int *lo, const int *hi, const int all_lo, const int all_hi,
+    const float log2_scale)
 {
     const int lane = threadIdx.x & 31;
-    float alpha[2];
     int i, e;
     if (p->softcap > 0.0f)
 #pragma unroll
@@ -3308,6 +3309,15 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_softmax)(
         }
         l_run[e] = l_run[e] * alpha[e] + sum;
     }
+}
+
+/* O's no accumulator blocks (rows of halves 0 and 1) times the softmax's
+   alpha, where some row of the warp moved its max. */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_rescale)(float (*o)[4],
+                                                                      const int no,
+                                                                      const float *alpha)
+{
+    int i;
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
 #pragma unroll
         for (i = 0; i < no; ++i) {
@@ -3332,7 +3342,7 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
 {
     enum { D = FA_I_D, DW = D / FA_I_DEC(DSPLIT), BF16 = FA_I_IS_BF16 };
     const int lane = threadIdx.x & 31, c0 = c_tile + 16 * w * j;
-    float s[4][4];
+    float s[4][4], alpha[2];
     uint32_t pa[2][4];
     int i, u;
     fa_i_zero_acc(s, 2 * w);
@@ -3345,8 +3355,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
             fa_i_mma(s[2 * u], qa[i], kb[0], kb[1], BF16);
             fa_i_mma(s[2 * u + 1], qa[i], kb[2], kb[3], BF16);
         }
-    FA_I_KNAME(fa_i_decode_softmax)(p, s, 2 * w, c0, o, DW / 8, m_run, l_run, lo, hi, all_lo,
-                                    all_hi, log2_scale);
+    FA_I_KNAME(fa_i_decode_softmax)(p, s, 2 * w, c0, alpha, m_run, l_run, lo, hi, all_lo, all_hi,
+                                    log2_scale);
+    FA_I_KNAME(fa_i_decode_rescale)(o, DW / 8, alpha);
 #pragma unroll
     for (u = 0; u < w; ++u) FA_I_ACC_AS_A(pa[u], s, u);
 #pragma unroll
@@ -3361,36 +3372,63 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_step)(
 }
 
 #if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* O += P V for the CTA's 64 rows by RS wgmma (P from pa, V the tile at
+   svt), issued and committed. */
+static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_wg_pv)(float (*o)[4],
+                                                                    uint32_t (*pa)[4],
+                                                                    const uint32_t svt)
+{
+    enum { BN = FA_I_DEC(KEYS) };
+    fa_i_wgmma_fence();
+    FA_I_SM90_GEMM_RS(FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D)), &o[0][0],
+                      &pa[0][0], svt, BN, BN);
+    fa_i_wgmma_commit();
+}
+
 /* The wgmma kernel's step over a whole key tile (keys c_tile ..., BN of
-   them): S = Q K^T for the CTA's 64 rows by SS wgmma from the [d / 64][rows]
-   [64] tiles at shared addresses sq and skt, fa_i_decode_softmax on each
-   warp's 16 rows, O += P V by RS wgmma (P from registers, V the tile at
-   svt). */
+   them), the CTA's 64 rows: S = Q K^T by SS wgmma from the [d / 64][rows]
+   [64] tiles at shared addresses sq and skt, then fa_i_decode_softmax on
+   each warp's 16 rows and P packed into pa. With FA_I_DECODE_WG_OVERLAP the
+   previous tile's P V (V at svt_prev; none where prev is 0) is issued right
+   after S, so that the tensor cores take the two back to back and the
+   softmax runs while P V does; this tile's P V is left to the next step
+   (fa_i_decode_wg_pv and a wait after the last tile). Else this tile's P V
+   (V at svt) runs and is waited for here. */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_wg_step)(
     const fa_params *p, const uint32_t sq, const uint32_t skt, const uint32_t svt,
-    const int c_tile, float (*o)[4], float *m_run, float *l_run, const int *lo, const int *hi,
-    const int all_lo, const int all_hi, const float log2_scale)
+    const uint32_t svt_prev, const int prev, const int c_tile, float (*o)[4], uint32_t (*pa)[4],
+    float *m_run, float *l_run, const int *lo, const int *hi, const int all_lo, const int all_hi,
+    const float log2_scale)
 {
     enum { D = FA_I_D, BN = FA_I_DEC(KEYS) };
-    float s[BN / 8][4];
-    uint32_t pa[BN / 16][4];
+    float s[BN / 8][4], alpha[2];
     int i;
     fa_i_wgmma_fence();
     FA_I_SM90_GEMM_NT(FA_I_CAT(FA_I_CAT(fa_i_wgmma_ss_, FA_I_DT), FA_I_CAT(_n, FA_I_DEC(KEYS))),
                       &s[0][0], sq, 64, skt, BN);
     fa_i_wgmma_commit();
-    FA_I_WGMMA_WAIT(0);
+    if (FA_I_DECODE_WG_OVERLAP && prev) {
+        FA_I_KNAME(fa_i_decode_wg_pv)(o, pa, svt_prev);
+        FA_I_WGMMA_WAIT(1); /* S (committed first) */
+    } else {
+        FA_I_WGMMA_WAIT(0);
+    }
     fa_i_fence_f32(&s[0][0], BN / 2);
-    FA_I_KNAME(fa_i_decode_softmax)(p, s, BN / 8, c_tile, o, D / 8, m_run, l_run, lo, hi, all_lo,
+    FA_I_KNAME(fa_i_decode_softmax)(p, s, BN / 8, c_tile, alpha, m_run, l_run, lo, hi, all_lo,
                                     all_hi, log2_scale);
+    if (FA_I_DECODE_WG_OVERLAP) {
+        FA_I_WGMMA_WAIT(0);
+        fa_i_fence_f32(&o[0][0], D / 2);
+        fa_i_fence_u32(&pa[0][0], BN / 4);
+    }
+    FA_I_KNAME(fa_i_decode_rescale)(o, D / 8, alpha);
 #pragma unroll
     for (i = 0; i < BN / 16; ++i) FA_I_ACC_AS_A(pa[i], s, i);
-    fa_i_wgmma_fence();
-    FA_I_SM90_GEMM_RS(FA_I_CAT(FA_I_CAT(fa_i_wgmma_rs_, FA_I_DT), FA_I_CAT(_n, FA_I_D)), &o[0][0],
-                      &pa[0][0], svt, BN, BN);
-    fa_i_wgmma_commit();
-    FA_I_WGMMA_WAIT(0);
-    fa_i_fence_f32(&o[0][0], D / 2);
+    if (!FA_I_DECODE_WG_OVERLAP) {
+        FA_I_KNAME(fa_i_decode_wg_pv)(o, pa, svt);
+        FA_I_WGMMA_WAIT(0);
+        fa_i_fence_f32(&o[0][0], D / 2);
+    }
 }
 #endif
 
@@ -3457,6 +3495,9 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
     const int my_row = r0 + 16 * rt + (lane >> 2);
     float o[D / 8][4], m_run[2], l_run[2]; /* dw / 8 blocks used */
     uint32_t qa[D / 16][4]; /* this warp's row tile of Q as A fragments */
+#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t wg_pa[BN / 16][4]; /* wg: a key tile's P, its P V's A (fa_i_decode_wg_step) */
+#endif
     int lo[2], hi[2], first_lo, last_hi, all_lo, all_hi, n_begin, n_end, n, i, j, e;
     int bad;
 
@@ -3553,6 +3594,18 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
         if (wg) fa_i_fence_proxy_async();
 #endif
         __syncthreads();
+#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        /* wg: tile n - 1's P V may run in this step, so the copy below
+           (into its stage) comes after every warp's wait for it: each warp's
+           share of a wgmma reads V on its own */
+        if (wg) {
+            FA_I_KNAME(fa_i_decode_wg_step)(
+                &p, fa_i_smem_addr(sq), fa_i_smem_addr(skt), fa_i_smem_addr(svt),
+                fa_i_smem_addr(sv + (n - n_begin + STAGES - 1) % STAGES * BN * LD), n > n_begin,
+                c_tile, o, wg_pa, m_run, l_run, lo, hi, all_lo, all_hi, log2_scale);
+            if (FA_I_DECODE_WG_OVERLAP) __syncthreads();
+        }
+#endif
         {
             const int next = n + STAGES - 1, ns = (next - n_begin) % STAGES;
             if (next < n_end) FA_I_DECODE_COPY_KV(ns, next);
@@ -3560,22 +3613,23 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_decode_body)(const fa_par
             if (walk && next + 1 < n_end)
                 fa_i_tile_pages_next(&tp, p.page_size, p.seqlen_k, BN);
         }
-#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-        if (wg)
-            FA_I_KNAME(fa_i_decode_wg_step)(&p, fa_i_smem_addr(sq), fa_i_smem_addr(skt),
-                                            fa_i_smem_addr(svt), c_tile, o, m_run, l_run, lo, hi,
-                                            all_lo, all_hi, log2_scale);
-        else
-#endif
-        if (wide)
+        if (!wg && wide)
             for (j = ks; j < SLICES / 2; j += ks_count)
                 FA_I_KNAME(fa_i_decode_step)(&p, 2, skt, svt, j, c_tile, qa, o, m_run, l_run, lo, hi,
                                              all_lo, all_hi, log2_scale, col0);
-        else
+        else if (!wg)
             for (j = ks; j < SLICES; j += ks_count)
                 FA_I_KNAME(fa_i_decode_step)(&p, 1, skt, svt, j, c_tile, qa, o, m_run, l_run, lo, hi,
                                              all_lo, all_hi, log2_scale, col0);
     }
+#if FA_I_DECODE_WG && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (wg && FA_I_DECODE_WG_OVERLAP && n_end > n_begin) { /* the last tile's P V */
+        FA_I_KNAME(fa_i_decode_wg_pv)(o, wg_pa,
+                                      fa_i_smem_addr(sv + (n_end - 1 - n_begin) % STAGES * BN * LD));
+        FA_I_WGMMA_WAIT(0);
+        fa_i_fence_f32(&o[0][0], D / 2);
+    }
+#endif
     FA_I_CP_ASYNC_WAIT(0);
 #undef FA_I_DECODE_COPY_KV
 #undef FA_I_DECODE_PAGE_OF
@@ -3729,38 +3783,44 @@ static __host__ __device__ __forceinline__ int fa_i_combine_rows(int head_dim, i
     return FA_I_COMBINE_THREADS / 32 / fa_i_combine_chunks(head_dim, cols);
 }
 
-static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
-    fa_i_combine(const fa_combine_params p, const fa_i_combine_args a)
+/* The kernel's body. part_dtype (the parts' dtype) and cols (each lane's
+   columns) are constants in the kernels that serve split-KV's fp32 parts
+   (fa_i_combine_f32_*): a load of any dtype and cols up to
+   FA_I_COMBINE_COLS, each chosen as it is made, took most of a merge's
+   instructions. */
+static __device__ __forceinline__ void fa_i_combine_body(const fa_combine_params *p,
+                                                         const fa_i_combine_args *a,
+                                                         const fa_dtype part_dtype, const int cols)
 {
     __shared__ float weights[FA_I_COMBINE_THREADS / 32][FA_MAX_PARTS + 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int chunks = fa_i_combine_chunks(p.head_dim, a.cols);
-    const int per_cta = fa_i_combine_rows(p.head_dim, a.cols);
-    const int c = (32 * (warp % chunks) + lane) * a.cols; /* this lane's first column */
-    const int parts = p.num_parts + (p.accumulate != 0); /* part num_parts: o itself */
+    const int chunks = fa_i_combine_chunks(p->head_dim, cols);
+    const int per_cta = fa_i_combine_rows(p->head_dim, cols);
+    const int c = (32 * (warp % chunks) + lane) * cols; /* this lane's first column */
+    const int parts = p->num_parts + (p->accumulate != 0); /* part num_parts: o itself */
     const int64_t row = (int64_t)blockIdx.x * per_cta + warp / chunks;
-    const int live = warp < per_cta * chunks && row < (int64_t)p.batch * p.heads * p.seqlen;
+    const int live = warp < per_cta * chunks && row < (int64_t)p->batch * p->heads * p->seqlen;
     float *w = weights[warp], mx = -INFINITY, sum = 0.0f, acc[FA_I_COMBINE_COLS];
     int64_t lse_at = 0;
     int h, n, b, i, j;
     fa_i_wait_prerequisites(); /* the parts' writer (decode's splits) is done */
     if (live) {
         if (row <= 0x7fffffff) { /* 32-bit divisions: 64-bit ones are calls */
-            const uint32_t r = (uint32_t)row, hn = r / (uint32_t)p.heads;
-            h = (int)(r - hn * (uint32_t)p.heads);
-            n = (int)(hn % (uint32_t)p.seqlen), b = (int)(hn / (uint32_t)p.seqlen);
+            const uint32_t r = (uint32_t)row, hn = r / (uint32_t)p->heads;
+            h = (int)(r - hn * (uint32_t)p->heads);
+            n = (int)(hn % (uint32_t)p->seqlen), b = (int)(hn / (uint32_t)p->seqlen);
         } else {
-            h = (int)(row % p.heads);
-            n = (int)(row / p.heads % p.seqlen), b = (int)(row / ((int64_t)p.heads * p.seqlen));
+            h = (int)(row % p->heads);
+            n = (int)(row / p->heads % p->seqlen), b = (int)(row / ((int64_t)p->heads * p->seqlen));
         }
-        lse_at = ((int64_t)b * p.heads + h) * p.seqlen + n;
-        const int64_t at = fa_i_dev_offset(&p.part_layout, b, h, n) + c;
-        const int64_t to = fa_i_dev_offset(&p.o_layout, b, h, n) + c;
+        lse_at = ((int64_t)b * p->heads + h) * p->seqlen + n;
+        const int64_t at = fa_i_dev_offset(&p->part_layout, b, h, n) + c;
+        const int64_t to = fa_i_dev_offset(&p->o_layout, b, h, n) + c;
         for (i = lane; i < parts; i += 32)
-            mx = fmaxf(mx, i < p.num_parts ? a.lse[i][lse_at] : p.lse[lse_at]);
+            mx = fmaxf(mx, i < p->num_parts ? a->lse[i][lse_at] : p->lse[lse_at]);
         for (i = 16; i > 0; i >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, i));
         for (i = lane; i < parts; i += 32) { /* 0 for a part that saw no key */
-            const float lse = i < p.num_parts ? a.lse[i][lse_at] : p.lse[lse_at];
+            const float lse = i < p->num_parts ? a->lse[i][lse_at] : p->lse[lse_at];
             w[i] = lse == -INFINITY ? 0.0f : expf(lse - mx);
         }
         __syncwarp();
@@ -3777,10 +3837,10 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
                 for (j = 0; j < FA_I_COMBINE_COLS; ++j) {
                     const int part = i + u;
                     x[u][j] = 0.0f;
-                    if (part < parts && w[part] > 0.0f && j < a.cols && c + j < p.head_dim)
-                        x[u][j] = part < p.num_parts
-                                      ? fa_i_load_any(a.o[part], at + j, p.part_dtype)
-                                      : fa_i_load_any(p.o, to + j, p.dtype);
+                    if (part < parts && w[part] > 0.0f && j < cols && c + j < p->head_dim)
+                        x[u][j] = part < p->num_parts
+                                      ? fa_i_load_any(a->o[part], at + j, part_dtype)
+                                      : fa_i_load_any(p->o, to + j, p->dtype);
                 }
 #pragma unroll
             for (u = 0; u < FA_I_COMBINE_BATCH && i + u < parts; ++u) {
@@ -3794,16 +3854,31 @@ static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS)
         for (j = 0; j < FA_I_COMBINE_COLS; ++j) {
             /* sum >= 1 (its largest weight is 1), 0 with no part, NaN with a NaN part */
             const float x = sum == 0.0f ? 0.0f : __fdividef(acc[j], sum);
-            if (j >= a.cols || c + j >= p.head_dim) continue;
-            if (p.dtype == FA_DTYPE_F32)
-                ((float *)p.o)[to + j] = x;
+            if (j >= cols || c + j >= p->head_dim) continue;
+            if (p->dtype == FA_DTYPE_F32)
+                ((float *)p->o)[to + j] = x;
             else
-                fa_i_store16(p.o, to + j, x, p.dtype == FA_DTYPE_BF16);
+                fa_i_store16(p->o, to + j, x, p->dtype == FA_DTYPE_BF16);
         }
     }
     __syncthreads(); /* every warp of the CTA's rows has read the LSEs */
-    if (live && c == 0 && p.lse) p.lse[lse_at] = sum == 0.0f ? -INFINITY : mx + logf(sum);
+    if (live && c == 0 && p->lse) p->lse[lse_at] = sum == 0.0f ? -INFINITY : mx + logf(sum);
 }
+
+/* The combine kernels by the parts' dtype (any, or fp32: split-KV's) and a
+   lane's columns (1 where rows are few, FA_I_COMBINE_COLS where they are
+   many); fa_i_launch_combine picks one. */
+#define FA_I_COMBINE_KERNEL(name, part_dtype, cols)                                          \
+    static __global__ void __launch_bounds__(FA_I_COMBINE_THREADS, 1)                        \
+        name(const fa_combine_params p, const fa_i_combine_args a)                           \
+    {                                                                                        \
+        fa_i_combine_body(&p, &a, part_dtype, cols);                                         \
+    }
+FA_I_COMBINE_KERNEL(fa_i_combine_1, p.part_dtype, 1)
+FA_I_COMBINE_KERNEL(fa_i_combine_many, p.part_dtype, FA_I_COMBINE_COLS)
+FA_I_COMBINE_KERNEL(fa_i_combine_f32_1, FA_DTYPE_F32, 1)
+FA_I_COMBINE_KERNEL(fa_i_combine_f32_many, FA_DTYPE_F32, FA_I_COMBINE_COLS)
+#undef FA_I_COMBINE_KERNEL
 
 /* Rows [0, rows) of every head of a tensor at base (layout l, d elements a
    row, dtype) set to value: a ragged batch's rows without keys (O = 0,
@@ -6524,7 +6599,7 @@ FA_API size_t fa_cuda_forward_workspace_size(const fa_params *params)
     return fa_i_plan_forward(params, (size_t)-1, &plan) == FA_OK ? plan.workspace : 0;
 }
 
-/* Launches fa_i_combine over a resolved merge whose parts are args; early:
+/* Launches a combine kernel over a resolved merge whose parts are args; early:
    as a programmatic dependent launch (fa_i_launch_ex) after the kernel that
    writes the parts. */
 static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_args *args,
@@ -6534,13 +6609,18 @@ static fa_status fa_i_launch_combine(const fa_combine_params *c, fa_i_combine_ar
     /* a warp per 32 columns where rows are few (decode's splits: spread
        them over the SMs), a lane per 4 columns where they are many (long
        chunks: fewer warps, each its LSEs once) */
-    args->cols = rows >= FA_I_COMBINE_MANY_ROWS ? FA_I_COMBINE_COLS : 1;
-    return fa_i_launch_ex((const void *)fa_i_combine,
-                          dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim, args->cols))),
+    const void *const kernels[2][2] = {
+        /* [fp32 parts][many rows] */
+        {(const void *)fa_i_combine_1, (const void *)fa_i_combine_many},
+        {(const void *)fa_i_combine_f32_1, (const void *)fa_i_combine_f32_many}};
+    const int many = rows >= FA_I_COMBINE_MANY_ROWS, f32 = c->part_dtype == FA_DTYPE_F32;
+    return fa_i_launch_ex(kernels[f32][many],
+                          dim3(fa_i_blocks(rows, fa_i_combine_rows(c->head_dim,
+                                                                   many ? FA_I_COMBINE_COLS : 1))),
                           FA_I_COMBINE_THREADS, 0, stream, c, args, early);
 }
 
-/* fa_i_fwd_decode, then fa_i_combine of its splits (parts at workspace). */
+/* fa_i_fwd_decode, then the combine of its splits (parts at workspace). */
 static fa_status fa_i_run_decode(fa_i_forward_plan *plan, void *workspace, cudaStream_t stream)
 {
     const fa_params *p = &plan->p;

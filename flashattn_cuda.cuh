@@ -3783,11 +3783,11 @@ static __host__ __device__ __forceinline__ int fa_i_combine_rows(int head_dim, i
     return FA_I_COMBINE_THREADS / 32 / fa_i_combine_chunks(head_dim, cols);
 }
 
-/* The kernel's body. part_dtype (the parts' dtype) and cols (each lane's
-   columns) are constants in the kernels that serve split-KV's fp32 parts
-   (fa_i_combine_f32_*): a load of any dtype and cols up to
-   FA_I_COMBINE_COLS, each chosen as it is made, took most of a merge's
-   instructions. */
+/* The kernel's body. cols (each lane's columns) is a constant of every
+   combine kernel, part_dtype (the parts' dtype) of those that serve
+   split-KV's fp32 parts (fa_i_combine_f32_*): a load of any dtype and cols
+   up to FA_I_COMBINE_COLS, each chosen as it is made, took most of a
+   merge's instructions. */
 static __device__ __forceinline__ void fa_i_combine_body(const fa_combine_params *p,
                                                          const fa_i_combine_args *a,
                                                          const fa_dtype part_dtype, const int cols)

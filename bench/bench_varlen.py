@@ -15,8 +15,12 @@ forward each), then one backward of each, for a profiler, e.g.
 --extra NAME=SHIM (repeatable): another build's varlen forward and backward
 (host offsets) timed in the same rotation, printed as ratios to this
 build's (a same-process A/B; not written to the results file).
+--uniform: the varlen call also over the dense batch's sequences (equal
+lengths, host offsets), printed as its ratio to the dense call: what the
+varlen instance costs apart from the length mix (not written to the
+results file).
 
-Usage: python3 bench/bench_varlen.py [--out DIR] [--profile] [--extra NAME=SHIM ...]
+Usage: python3 bench/bench_varlen.py [--out DIR] [--profile] [--uniform] [--extra NAME=SHIM ...]
 """
 import ctypes
 import datetime
@@ -126,6 +130,8 @@ def main():
         fns = {"vf": vf, "df": df, "vb": vb, "db": db, "ddf": ddf, "ddb": ddb}
         for name, lib in extra:
             fns[name + "_f"], fns[name + "_b"] = make_call(lengths, causal, True, lib=lib)
+        if "--uniform" in sys.argv:
+            fns["uf"], fns["ub"] = make_call([dense_n] * dense_b, causal, True)
         t = bg.alternating_ms(fns, ROUNDS, REPS, 0.1)
         med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
         r = dict(causal=causal, v_fwd=flops / med["vf"] * 1e-9, d_fwd=dense_flops / med["df"] * 1e-9,
@@ -138,6 +144,10 @@ def main():
         for name, _ in extra:  # time ratios: above 1 is faster than this build
             print(f"A/B causal={causal} {name}: varlen fwd {med['vf'] / med[name + '_f']:.3f}, "
                   f"bwd {med['vb'] / med[name + '_b']:.3f} (this build's time / {name}'s)",
+                  flush=True)
+        if "--uniform" in sys.argv:  # the same FLOPs as the dense call
+            print(f"uniform causal={causal}: varlen over {dense_b} x {dense_n} / dense: fwd "
+                  f"{med['df'] / med['uf']:.3f}, bwd {med['db'] / med['ub']:.3f} (TFLOP/s ratios)",
                   flush=True)
     lines = [
         "# Ragged batches on the GPU",

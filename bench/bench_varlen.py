@@ -18,7 +18,8 @@ build's (a same-process A/B; not written to the results file).
 --uniform: the varlen call also over the dense batch's sequences (equal
 lengths, host offsets), printed as its ratio to the dense call: what the
 varlen instance costs apart from the length mix (not written to the
-results file).
+results file); with --profile, the profiled varlen calls take those
+lengths.
 
 Usage: python3 bench/bench_varlen.py [--out DIR] [--profile] [--uniform] [--extra NAME=SHIM ...]
 """
@@ -114,8 +115,9 @@ def main():
     lengths = [int(x) for x in rng.integers(128, 8193, 32)]
     dense_n = int(round(sum(x * x for x in lengths) / sum(lengths)))
     dense_b = max(1, int(round(sum(lengths) / dense_n)))
-    if "--profile" in sys.argv:
-        backwards = make_call(lengths, False, True)[1], make_call([dense_n] * dense_b, False, False)[1]
+    if "--profile" in sys.argv:  # with --uniform, the varlen call over the dense batch's lengths
+        mix = [dense_n] * dense_b if "--uniform" in sys.argv else lengths
+        backwards = make_call(mix, False, True)[1], make_call([dense_n] * dense_b, False, False)[1]
         for backward in backwards:
             backward()
         torch.cuda.synchronize()

@@ -115,9 +115,10 @@ def main():
     lengths = [int(x) for x in rng.integers(128, 8193, 32)]
     dense_n = int(round(sum(x * x for x in lengths) / sum(lengths)))
     dense_b = max(1, int(round(sum(lengths) / dense_n)))
+    dense = [dense_n] * dense_b  # the dense batch's sequences
     if "--profile" in sys.argv:  # with --uniform, the varlen call over the dense batch's lengths
-        mix = [dense_n] * dense_b if "--uniform" in sys.argv else lengths
-        backwards = make_call(mix, False, True)[1], make_call([dense_n] * dense_b, False, False)[1]
+        mix = dense if "--uniform" in sys.argv else lengths
+        backwards = make_call(mix, False, True)[1], make_call(dense, False, False)[1]
         for backward in backwards:
             backward()
         torch.cuda.synchronize()
@@ -127,13 +128,13 @@ def main():
         flops = 4.0 * HEADS * DIM * sum(x * x for x in lengths) / (2 if causal else 1)
         dense_flops = 4.0 * HEADS * DIM * dense_b * dense_n ** 2 / (2 if causal else 1)
         vf, vb = make_call(lengths, causal, True)
-        df, db = make_call([dense_n] * dense_b, causal, False)
+        df, db = make_call(dense, causal, False)
         ddf, ddb = make_call(lengths, causal, True, device_offsets=True)
         fns = {"vf": vf, "df": df, "vb": vb, "db": db, "ddf": ddf, "ddb": ddb}
         for name, lib in extra:
             fns[name + "_f"], fns[name + "_b"] = make_call(lengths, causal, True, lib=lib)
         if "--uniform" in sys.argv:
-            fns["uf"], fns["ub"] = make_call([dense_n] * dense_b, causal, True)
+            fns["uf"], fns["ub"] = make_call(dense, causal, True)
         t = bg.alternating_ms(fns, ROUNDS, REPS, 0.1)
         med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
         r = dict(causal=causal, v_fwd=flops / med["vf"] * 1e-9, d_fwd=dense_flops / med["df"] * 1e-9,

@@ -583,10 +583,18 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
    (its consumers need no more than 152: P is half the size). */
 #define FA_I_SM90_PRODUCER_REGS_OF(nc, fp8) ((fp8) && (nc) == 3 ? 40 : FA_I_SM90_PRODUCER_REGS(nc))
 #define FA_I_SM90_CONSUMER_REGS_OF(nc, fp8) ((fp8) && (nc) == 3 ? 152 : FA_I_SM90_CONSUMER_REGS(nc))
+/* The gathering producer (paged caches, maps.gather) copies key tiles with
+   all 128 threads: 56 with 2 consumers (224 each), 40 with 3 (152). */
+#define FA_I_SM90_GATHER_PRODUCER_REGS(nc) ((nc) == 3 ? 40 : 56)
+#define FA_I_SM90_GATHER_CONSUMER_REGS(nc) ((nc) == 3 ? 152 : 224)
 #define FA_I_SM90_LAUNCH_REGS(nc) (65536 / (128 * ((nc) + 1)) / 8 * 8)
 static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 * FA_I_SM90_LAUNCH_REGS(2) &&
                   FA_I_SM90_PRODUCER_REGS(3) + 3 * FA_I_SM90_CONSUMER_REGS(3) <= 4 * FA_I_SM90_LAUNCH_REGS(3) &&
                   FA_I_SM90_PRODUCER_REGS_OF(3, 1) + 3 * FA_I_SM90_CONSUMER_REGS_OF(3, 1) <=
+                      4 * FA_I_SM90_LAUNCH_REGS(3) &&
+                  FA_I_SM90_GATHER_PRODUCER_REGS(2) + 2 * FA_I_SM90_GATHER_CONSUMER_REGS(2) <=
+                      3 * FA_I_SM90_LAUNCH_REGS(2) &&
+                  FA_I_SM90_GATHER_PRODUCER_REGS(3) + 3 * FA_I_SM90_GATHER_CONSUMER_REGS(3) <=
                       4 * FA_I_SM90_LAUNCH_REGS(3),
               "flashattn: setmaxnreg can't hand out more registers than the CTA launched with");
 #endif /* >> tile tables */
@@ -627,6 +635,7 @@ typedef struct fa_i_kernels {
     fa_i_kernel fa2_bwd_kv[3][2];
     fa_i_kernel fa2_bwd_q;  /* the deterministic mode's dQ */
     fa_i_kernel fa3_fwd[2]; /* tile variants t0, t1 */
+    fa_i_kernel fa3_fwd_gather; /* paged: pages the TMA's boxes do not fit (FA_I_FA3_GATHER_V) */
     fa_i_kernel fa3_bwd;
     fa_i_kernel fa3_bwd_varlen; /* its instance for a ragged batch in one launch */
     /* by fa_i_decode_kind; rows: the most packed rows a CTA takes */
@@ -701,7 +710,9 @@ typedef struct fa_i_tma_maps {
     const int *tile_count; /* a schedule made on the device (varlen, tables_on_device), else NULL */
     int lse_head;         /* by sequence: the LSE's head stride */
     const int32_t *pages; /* paged: the block table (the workspace's copy), else NULL */
-    int page_shift;       /* paged: log2 of the page size (a multiple or a divisor of the key tile) */
+    int page_shift;       /* paged: log2 of the page size */
+    int gather;           /* paged: the producer warpgroup's threads copy the key tiles from
+                             their pages (cp.async), where the TMA's boxes would be too many */
 } fa_i_tma_maps;
 
 /* The FA3 backward's arguments: tensor maps (boxes of 64 elements of d by 64
@@ -729,10 +740,15 @@ static __device__ __forceinline__ uint32_t fa_i_smem_addr(const void *p)
 }
 
 /* 16-byte async copy; src_bytes 0 fills zeros (rows past the end). */
+static __device__ __forceinline__ void fa_i_cp_async16_at(uint32_t smem, const void *gmem,
+                                                          int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+                 "r"(src_bytes));
+}
 static __device__ __forceinline__ void fa_i_cp_async16(void *smem, const void *gmem, int src_bytes)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_i_smem_addr(smem)),
-                 "l"(gmem), "r"(src_bytes));
+    fa_i_cp_async16_at(fa_i_smem_addr(smem), gmem, src_bytes);
 }
 /* A row of d columns ends inside its last 16-byte chunk where d % 8 != 0
    (rows 16-byte aligned: padded layouts): its bytes from that chunk on,
@@ -1079,6 +1095,13 @@ static __device__ __forceinline__ void fa_i_bulk_add_f32(float *dst, uint32_t sr
 static __device__ __forceinline__ void fa_i_fence_proxy_async(void)
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* An arrival on the mbarrier at shared address bar once every cp.async this
+   thread has issued has landed (noinc: one of the arrivals its count
+   expects); the thread goes on without waiting. */
+static __device__ __forceinline__ void fa_i_cp_async_arrive(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 static __device__ __forceinline__ void fa_i_named_arrive(int id, int threads)
 {
@@ -1593,6 +1616,70 @@ static __device__ __forceinline__ void fa_i_async_tile(uint16_t *smem, const uin
                                                        int tid, int nthreads)
 {
     fa_i_async_rows(smem, g, stride, NULL, 1, 0, row0, rows, tile_rows, d, cols, ld, tid, nthreads);
+}
+
+/* The FA3 forward's gather mode (>> fa3 forward): rows [row0, row0 +
+   tile_rows) of one head's keys or values, in pages of 2^shift rows (pages
+   and rows page_stride and stride elements apart from g), into the
+   [d / 64][tile_rows][64] tile at shared address smem with the 128-byte
+   swizzle, by the 128 threads of a warpgroup, tpr threads to a row (at
+   most 8: 16 rows a pass or more); rows at or past `rows` and columns from
+   `cols` zero-filled. row0 is a multiple of the page size, and the tile's
+   pages are the warp's: lane i holds the block table's entry for page
+   (row0 >> shift) + i (ent), each row's taken by a shuffle, so no copy
+   waits on a table load. One warp per scheduler issues these copies beside
+   the consumers' warps, a dependent chain each, so a row costs little: the
+   pages gathered are at most 16 rows (larger ones go by TMA), so a
+   thread's rows, a pass apart, sit at one place in their pages, and its
+   columns and swizzle are fixed; per row a shuffle and one wide
+   multiply-add, its chains interleaved by the unrolled loop, and no
+   zero-fill tests where the tile's rows and columns all exist. */
+static __device__ __forceinline__ void fa_i_gather_rows(uint32_t smem, const uint16_t *g,
+                                                        int64_t stride, int ent, int shift,
+                                                        int64_t page_stride, int row0,
+                                                        int rows, int tile_rows, int d, int cols,
+                                                        int tid)
+{
+    const int chunks = d / 8, tpr = min(chunks & -chunks, 8), step = 128 / tpr;
+    const int chunk0 = tid % tpr, r0 = tid / tpr, sw = r0 & 7;
+    const uint16_t *from0 = g + 8 * chunk0 + (int64_t)(r0 & ((1 << shift) - 1)) * stride;
+    int i, j;
+    if (row0 + tile_rows <= rows && cols == d) { /* (warp-uniform) every byte of the tile */
+#pragma unroll
+        for (i = 0; i < tile_rows / step; ++i) {
+            const int r = r0 + i * step;
+            const uint16_t *from =
+                from0 + (int64_t)__shfl_sync(0xffffffffu, ent, (r >> shift) & 31) * page_stride;
+#pragma unroll
+            for (j = 0; j < chunks / tpr; ++j)
+                fa_i_cp_async16_at(smem + 2 * (r * 64 + fa_i_slab_at((chunk0 + j * tpr) ^ sw, 64, d,
+                                                                     tile_rows)),
+                                   from + 8 * j * tpr, 16);
+        }
+        return;
+    }
+#pragma unroll 2
+    for (i = 0; i < tile_rows / step; ++i) {
+        const int r = r0 + i * step, valid = row0 + r < rows;
+        const int page = __shfl_sync(0xffffffffu, ent, (r >> shift) & 31);
+        const uint16_t *from = from0 + (int64_t)page * page_stride;
+#pragma unroll
+        for (j = 0; j < chunks / tpr; ++j) {
+            const int c = chunk0 + j * tpr, left = valid ? cols - 8 * c : 0; /* of the row */
+            fa_i_cp_async16_at(smem + 2 * (r * 64 + fa_i_slab_at(c ^ sw, 64, d, tile_rows)),
+                               left > 0 ? from + 8 * j * tpr : g, fa_i_chunk_bytes(left));
+        }
+    }
+}
+
+/* The FA3 forward's gather mode: the block table's entries of the pages
+   that a key tile from row row0 spans (at most 32: fa_i_paged_fa3_kernel),
+   lane i the entry of the first page + i; 0 past the sequence's last page. */
+static __device__ __forceinline__ int fa_i_fa3_gather_ent(const int32_t *seq_pages, int row0,
+                                                          int rows, int shift)
+{
+    const int pg = (row0 >> shift) + (int)(threadIdx.x & 31);
+    return pg <= (rows - 1) >> shift ? seq_pages[pg] : 0;
 }
 
 /* Copies key and value rows [c0, c0 + bn) (of the head at gk, gv; cols_k,
@@ -2141,6 +2228,7 @@ typedef struct fa_i_fa3_smem {
     uint32_t svr;            /* FP8: the ring V arrives in, before its transpose into sv */
     uint32_t q_full, q_empty, k_full, v_full, k_empty, v_empty, o_read;
     uint32_t vr_full, vr_empty; /* FP8: svr's stages */
+    int gather; /* the kernel's constant: K and V tiles come by cp.async (fa_i_fa3_landed) */
 } fa_i_fa3_smem;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2164,6 +2252,14 @@ static __device__ __forceinline__ fa_i_ring fa_i_ring_at64(int64_t index, int st
     r.stage = (int)(index % stages);
     r.phase = (uint32_t)((index / stages) & 1);
     return r;
+}
+
+/* After a wait for a full K or V stage: in gather mode cp.async wrote the
+   tile through the generic proxy, which wgmma (the async proxy) sees only
+   past a proxy fence of the reading thread. */
+static __device__ __forceinline__ void fa_i_fa3_landed(const fa_i_fa3_smem *L)
+{
+    if (L->gather) fa_i_fence_proxy_async();
 }
 
 /* Ping-pong: consumer warpgroup cw of nc owns named barrier 1 + cw; it waits
@@ -2601,6 +2697,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_first_step)(
     };
     int i;
     fa_i_mbar_wait(L->k_full + 8 * kn.stage, kn.phase);
+    fa_i_fa3_landed(L);
     fa_i_fa3_turn_begin(PINGPONG, cw);
     FA_I_KNAME_V(fa_i_fa3_qk)(p, s, sq_wg, L->sk + kn.stage * TILE);
     fa_i_fa3_turn_end(PINGPONG, cw, NC);
@@ -2625,6 +2722,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_issue)(
         PINGPONG = FA_I_FA3_PP
     };
     fa_i_mbar_wait2(L->k_full + 8 * kn.stage, kn.phase, L->v_full + 8 * vprev.stage, vprev.phase);
+    fa_i_fa3_landed(L);
     fa_i_fa3_turn_begin(PINGPONG, cw);
     FA_I_KNAME_V(fa_i_fa3_qk)(p, s, sq_wg, L->sk + kn.stage * TILE);
     FA_I_KNAME_V(fa_i_fa3_pv)(p, o, pr, L->sv + vprev.stage * TILE);
@@ -2694,9 +2792,16 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_step_packed)(
 
 /* The producer thread: each tile's Q, then the key tiles that any of its
    rows sees, into the ring; with O staged in the ring (no O_APART), a
-   stage holding a staged O is reloaded only once its TMA store has read it. */
+   stage holding a staged O is reloaded only once its TMA store has read it.
+   Gather mode (maps->gather: paged, pages too small for the TMA's boxes):
+   all 128 threads of the warpgroup run this, thread 0 loading Q by TMA and
+   every thread copying its share of each key tile from the pages by
+   cp.async (fa_i_gather_rows) and arriving on the stage's full barrier
+   once its copies land (fa_i_cp_async_arrive: 128 arrivals, no thread
+   waits), so the ring's stages fill as the TMA's would. */
 static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
-    const fa_params *p, const fa_i_tma_maps *maps, const fa_i_fa3_smem *L)
+    const fa_params *p, const fa_i_tma_maps *maps, const fa_i_fa3_smem *L, const int lead_warp,
+    const int gather)
 {
     enum {
         D = FA_I_D, BM = FA_I_FA3(ROWS), BN = FA_I_FA3_BN, STAGES = FA_I_FA3(STAGES),
@@ -2707,14 +2812,19 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
     };
     const uint64_t once = L2_HINTS ? FA_I_L2_EVICT_FIRST : FA_I_L2_EVICT_NORMAL;
     const uint64_t reused = L2_HINTS ? FA_I_L2_EVICT_LAST : FA_I_L2_EVICT_NORMAL;
+    /* gather: the lead warp waits for Q's buffer, its lane 0 issues Q's
+       TMA copies; otherwise this is thread 0, which does both */
+    const int lead = gather ? lead_warp : 1, issue = gather ? (threadIdx.x & 31) == 0 : 1;
     int64_t k;
     int it = 0, mb, h, b, have;
     /* per stage: it holds a staged O (O_IN_RING), and the parity of its
        o_read barriers' next phase */
     uint32_t staged = 0, o_parity = 0;
-    fa_i_tma_prefetch(&maps->k);
-    fa_i_tma_prefetch(&maps->v);
-    fa_i_tma_prefetch(&maps->o);
+    if (lead) {
+        if (!gather) fa_i_tma_prefetch(&maps->k);
+        if (!gather) fa_i_tma_prefetch(&maps->v);
+        fa_i_tma_prefetch(&maps->o);
+    }
     have = fa_i_fa3_tile(p, maps, 0, BM, &mb, &h, &b);
     for (k = 0; have; ++k) {
         const int hk = h / (p->heads_q / p->heads_kv);
@@ -2722,7 +2832,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         fa_params view;
         int first_lo, last_hi, n, c, mapb;
         const fa_i_tma_maps *m = fa_i_fa3_rows(p, maps, b, &view, &mapb);
-        if (maps->seqs) {
+        if (maps->seqs && lead) {
             fa_i_tma_map_acquire(&m->q);
             fa_i_tma_map_acquire(&m->k);
             fa_i_tma_map_acquire(&m->v);
@@ -2734,13 +2844,22 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
         const int32_t *seq_pages = paged_keys ? maps->pages + maps->seqs[b].pages0 : NULL;
         const int pmask = paged_keys ? (1 << maps->page_shift) - 1 : 0;
         const int last = paged_keys ? (view.seqlen_k - 1) & ~pmask : 0;
-        fa_i_mbar_wait(L->q_empty + 8 * q.stage, q.phase ^ 1);
-        fa_i_mbar_expect_tx(L->q_full + 8 * q.stage, Q_BYTES);
-        for (c = 0; c < CHUNKS; ++c)
-            fa_i_tma_load(L->sq + q.stage * Q_BYTES + c * BM * RB, &m->q, CE * c, mb * BM, h,
-                          mapb, L->q_full + 8 * q.stage, once);
+        if (lead) {
+            fa_i_mbar_wait(L->q_empty + 8 * q.stage, q.phase ^ 1);
+            if (issue) {
+                fa_i_mbar_expect_tx(L->q_full + 8 * q.stage, Q_BYTES);
+                for (c = 0; c < CHUNKS; ++c)
+                    fa_i_tma_load(L->sq + q.stage * Q_BYTES + c * BM * RB, &m->q, CE * c, mb * BM,
+                                  h, mapb, L->q_full + 8 * q.stage, once);
+            }
+        }
         /* key tiles no row of this tile sees are never loaded */
-        for (n = first_lo / BN; n < (last_hi + BN - 1) / BN; ++n, ++it) {
+        const int n_end = (last_hi + BN - 1) / BN;
+        int ent_next = gather && first_lo / BN < n_end
+                           ? fa_i_fa3_gather_ent(seq_pages, first_lo / BN * BN, view.seqlen_k,
+                                                 maps->page_shift)
+                           : 0;
+        for (n = first_lo / BN; n < n_end; ++n, ++it) {
             const fa_i_ring r = fa_i_ring_at(it, STAGES);
             const int st = r.stage, o_there = (staged >> st) & 1;
             /* where the keys are: (m, row n BN, batch mapb), or the pages'
@@ -2753,12 +2872,20 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
             int page[BOXES], jj;
 #pragma unroll
             for (jj = 0; jj < BOXES; ++jj)
-                page[jj] = paged_keys && jj * box < BN
+                page[jj] = paged_keys && !gather && jj * box < BN
                                ? fa_i_fa3_page(maps, seq_pages, last, n * BN + jj * box)
                                : -1;
+            /* gather: the tile's pages, loaded a tile ahead */
+            const int ent = ent_next;
+            if (gather && n + 1 < n_end)
+                ent_next = fa_i_fa3_gather_ent(seq_pages, (n + 1) * BN, view.seqlen_k,
+                                               maps->page_shift);
             fa_i_mbar_wait(L->k_empty + 8 * st, r.phase ^ 1);
             if (o_there) fa_i_mbar_wait(L->o_read + 8 * st, (o_parity >> st) & 1);
-            fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
+#define FA_I_FA3_GATHER_KV(dst, g, l, cols, full)                                                \
+    fa_i_gather_rows(dst, (const uint16_t *)(g) + (l).head * hk, (l).seq, ent, maps->page_shift, \
+                     (l).batch, n * BN, view.seqlen_k, BN, D, cols, threadIdx.x);               \
+    fa_i_cp_async_arrive(full)
 #define FA_I_FA3_LOAD_KV(dst, which, full)                                                      \
     _Pragma("unroll") for (jj = 0; jj < BOXES; ++jj) {                                          \
         const int row = n * BN + jj * box, paged = page[jj] >= 0;                               \
@@ -2768,27 +2895,37 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
                           CE * c, paged ? row & pmask : row - last, hk, paged ? page[jj] : mapb, \
                           full, reused);                                                        \
     }
-            FA_I_FA3_LOAD_KV(L->sk + st * TILE, k, L->k_full + 8 * st);
+            if (gather) {
+                FA_I_FA3_GATHER_KV(L->sk + st * TILE, p->k, p->k_layout, p->head_dim,
+                                   L->k_full + 8 * st);
+            } else {
+                fa_i_mbar_expect_tx(L->k_full + 8 * st, TILE);
+                FA_I_FA3_LOAD_KV(L->sk + st * TILE, k, L->k_full + 8 * st);
+            }
             fa_i_mbar_wait(FA_I_FA3_V_IN_EMPTY(L) + 8 * st, r.phase ^ 1);
             if (o_there) {
                 fa_i_mbar_wait(L->o_read + 8 * (STAGES + st), (o_parity >> st) & 1);
                 o_parity ^= 1u << st;
                 staged &= ~(1u << st);
             }
-            {
+            if (gather) {
+                FA_I_FA3_GATHER_KV(L->sv + st * TILE, p->v, p->v_layout, p->head_dim_v,
+                                   L->v_full + 8 * st);
+            } else {
                 const uint32_t full = (FA_I_FP8 ? L->vr_full : L->v_full) + 8 * st;
                 fa_i_mbar_expect_tx(full, TILE);
                 FA_I_FA3_LOAD_KV(FA_I_FA3_V_IN(L) + st * TILE, v, full);
             }
 #undef FA_I_FA3_LOAD_KV
+#undef FA_I_FA3_GATHER_KV
         }
-        if (O_IN_RING && first_lo / BN < (last_hi + BN - 1) / BN)
+        if (O_IN_RING && first_lo / BN < n_end)
             staged |= 1u << ((it - 1) % STAGES);
         /* With one Q buffer the next tile's Q loads only once this tile
            frees it, and no other CTA has read it: into L2 now, so that the
            load at the tile boundary hits (DESIGN.md f11). */
         have = fa_i_fa3_tile(p, maps, k + 1, BM, &mb, &h, &b);
-        if (Q_BUFS == 1 && have && !maps->seqs)
+        if (Q_BUFS == 1 && have && !maps->seqs && lead && issue)
             for (c = 0; c < CHUNKS; ++c) fa_i_tma_prefetch_l2(&maps->q, CE * c, mb * BM, h, b);
     }
 }
@@ -3044,6 +3181,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             }
             /* issued here, waited for below the next tile's coordinates */
             fa_i_mbar_wait(L->v_full + 8 * last_stage, FA_I_RING(n_end - 1).phase);
+            fa_i_fa3_landed(L);
             fa_i_fa3_turn_begin(PINGPONG, cw);
             FA_I_KNAME_V(fa_i_fa3_pv)(p, o, pr, L->sv + last_stage * TILE);
             fa_i_fa3_turn_end(PINGPONG, cw, NC);
@@ -3054,6 +3192,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
             FA_I_KNAME_V(fa_i_fa3_first_step)(p, L, sq_wg, r, n, FA_I_MASKED(n), lo, hi,
                                               log2_scale, 1.0f, 1.0f, 1.0f, cw, FA_I_FA3_ROWS_ARGS);
             fa_i_mbar_wait(L->v_full + 8 * r.stage, r.phase);
+            fa_i_fa3_landed(L);
             FA_I_KNAME_V(fa_i_fa3_pv)(p, o, pr, L->sv + r.stage * TILE);
             FA_I_WGMMA_WAIT(0);
             fa_i_fence_f32(o, D / 2);
@@ -3127,9 +3266,12 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_consumer)(
 #undef FA_I_FA3_ROWS_ARGS
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
-/* The kernel: shared memory and barriers, then producer and consumers. */
-static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
-    FA_I_KNAME_V(fa_i_fwd_fa3)(const fa_params p, const __grid_constant__ fa_i_tma_maps maps)
+/* The kernel's body: shared memory and barriers, then producer and
+   consumers. gather (a constant of each kernel below): the producer
+   warpgroup gathers paged key tiles (maps.gather). */
+static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_body)(const fa_params *p,
+                                                                  const fa_i_tma_maps *maps,
+                                                                  const int gather)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     enum {
@@ -3163,14 +3305,15 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
     L.o_read = L.v_empty + 8 * STAGES;
     L.vr_full = L.o_read + 8 * 2 * STAGES * O_IN_RING;
     L.vr_empty = L.vr_full + 8 * STAGES;
+    L.gather = gather;
     if (tid == 0) {
         for (i = 0; i < Q_BUFS; ++i) {
             fa_i_mbar_init(L.q_full + 8 * i, 1);
             fa_i_mbar_init(L.q_empty + 8 * i, 4 * NC); /* every consumer warp */
         }
-        for (i = 0; i < STAGES; ++i) {
-            fa_i_mbar_init(L.k_full + 8 * i, 1);
-            fa_i_mbar_init(L.v_full + 8 * i, FA_I_FP8 ? 3 : 1); /* FP8: the transposing warps */
+        for (i = 0; i < STAGES; ++i) { /* gather mode: the producer warpgroup's threads */
+            fa_i_mbar_init(L.k_full + 8 * i, gather ? 128 : 1);
+            fa_i_mbar_init(L.v_full + 8 * i, FA_I_FP8 ? 3 : gather ? 128 : 1); /* FP8: the transposing warps */
             fa_i_mbar_init(L.k_empty + 8 * i, 4 * NC);
             fa_i_mbar_init(L.v_empty + 8 * i, 4 * NC);
 #if FA_I_FP8
@@ -3182,26 +3325,52 @@ static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (tid < 128) { /* producer warpgroup: one thread issues every copy */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS_OF(NC, FA_I_FP8)));
-        if (tid == 0) FA_I_KNAME_V(fa_i_fa3_producer)(&p, &maps, &L);
+    if (tid < 128) { /* producer warpgroup: one thread issues every copy (gather mode: all) */
+        if (gather)
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_GATHER_PRODUCER_REGS(NC)));
+        else
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS_OF(NC, FA_I_FP8)));
+        /* gather: the lead warp (Q's loads) as a warp-uniform value; a test
+           of tid in the producer costs it its uniform registers, and it spills */
+        const int lead = gather ? __shfl_sync(0xffffffffu, tid / 32, 0) == 0 : 1;
+        if (gather || tid == 0) FA_I_KNAME_V(fa_i_fa3_producer)(p, maps, &L, lead, gather);
 #if FA_I_FP8
         else if (tid >= 32)
-            FA_I_KNAME_V(fa_i_fa3_transpose_v)(&p, &maps, &L,
+            FA_I_KNAME_V(fa_i_fa3_transpose_v)(p, maps, &L,
                                                __shfl_sync(0xffffffffu, tid / 32 - 1, 0));
 #endif
     } else {
         /* the warpgroup index from lane 0: ptxas then treats it (and what
            derives from it) as warp-uniform; tid / 128 alone it does not */
         const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0);
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS_OF(NC, FA_I_FP8)));
-        FA_I_KNAME_V(fa_i_fa3_consumer)(&p, &maps, &L, cw);
+        if (gather)
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_GATHER_CONSUMER_REGS(NC)));
+        else
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS_OF(NC, FA_I_FP8)));
+        FA_I_KNAME_V(fa_i_fa3_consumer)(p, maps, &L, cw);
     }
 #else
     (void)p;
     (void)maps;
+    (void)gather;
 #endif
 }
+
+static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
+    FA_I_KNAME_V(fa_i_fwd_fa3)(const fa_params p, const __grid_constant__ fa_i_tma_maps maps)
+{
+    FA_I_KNAME_V(fa_i_fa3_body)(&p, &maps, 0);
+}
+#if !FA_I_FP8 && FA_I_V == FA_I_FA3_GATHER_V
+/* Paged caches whose pages the TMA's boxes do not fit (maps.gather): a
+   kernel of its own, as a producer holding both ways of loading spills. */
+static __global__ void __launch_bounds__(128 * (FA_I_FA3(ROWS) / 64 + 1), 1)
+    FA_I_CAT(FA_I_KNAME(fa_i_fwd_fa3), _gather)(const fa_params p,
+                                                 const __grid_constant__ fa_i_tma_maps maps)
+{
+    FA_I_KNAME_V(fa_i_fa3_body)(&p, &maps, 1);
+}
+#endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #undef FA_I_FA3_BN
 #undef FA_I_FA3_NC
@@ -5670,7 +5839,7 @@ static __global__ void __launch_bounds__(256, 1)
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
      FA_I_NO_KERNEL, {FA_I_NO_KERNEL, FA_I_NO_KERNEL}, FA_I_NO_KERNEL, FA_I_NO_KERNEL,        \
-     FA_I_NO_DECODE_KERNELS, FA_I_NO_DECODE_KERNELS, 0}
+     FA_I_NO_KERNEL, FA_I_NO_DECODE_KERNELS, FA_I_NO_DECODE_KERNELS, 0}
 #define FA_I_NO_DECODE_KERNELS {FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL}
 #if !FA_I_BUILD_D(FA_I_D)
 #if FA_I_HOST
@@ -5751,6 +5920,15 @@ static_assert(FA_I_COL(DECODE, KEYS, FA_I_DECODE_ROW) <= 16 * FA_I_TILE_SLICES &
 #define FA_I_HAS_FA3 1
 #define FA_I_FA3_ROW_OF(v) FA_I_CAT(FA_I_CAT(FA_FA3_FWD_TILE_, FA_I_D), FA_I_CAT(_, v))
 #define FA_I_FA3_HAS(v) (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_ROW_OF(v)) > 0)
+/* The variant the gathering instance (paged caches, maps.gather) is built
+   on: the first of 128 rows and 128 keys, whose two consumer warpgroups
+   leave its producer 56 registers (FA_I_SM90_GATHER_PRODUCER_REGS; d =
+   256's 80-key tile spills there); -1: none, such pages are gathered into
+   the workspace. */
+#define FA_I_FA3_GATHER_TILE(v)                      \
+    (FA_I_COL(FA3_FWD, ROWS, FA_I_FA3_ROW_OF(v)) == 128 && \
+     FA_I_COL(FA3_FWD, KEYS, FA_I_FA3_ROW_OF(v)) == 128)
+#define FA_I_FA3_GATHER_V (FA_I_FA3_GATHER_TILE(0) ? 0 : FA_I_FA3_GATHER_TILE(1) ? 1 : -1)
 /* FA3 forward shared memory: the K/V ring with the 1 KB alignment slack,
    then Q and O tiles of 2 d rows bytes each: two Q buffers and O's own where
    QBUFS asks for two and all three fit (the next tile's Q and K/V load while
@@ -5888,11 +6066,19 @@ static_assert(FA_I_FA3_BWD_SMEM <= FA_I_SM90_SMEM_MAX,
 #else
 #define FA_I_FA3_FWD_ENTRIES(dt) {FA_I_FA3_FWD_ENTRY(dt, 0), FA_I_NO_KERNEL}
 #endif
+#if FA_I_FA3_GATHER_V >= 0 /* its tile: 128 rows, 128 keys (three warpgroups), v's smem */
+#define FA_I_FA3_FWD_GATHER_ENTRY(dt)                                                        \
+    {FA_I_KERNEL_OF(fa_i_fwd_fa3, dt, _gather), 128, 128, 384,                              \
+     FA_I_FA3_GATHER_V == 1 ? FA_I_FA3_SMEM(1) : FA_I_FA3_SMEM(0)}
+#else
+#define FA_I_FA3_FWD_GATHER_ENTRY(dt) FA_I_NO_KERNEL
+#endif
 #define FA_I_FA3_BWD_ENTRY(dt, suffix)                                                      \
     {FA_I_KERNEL_OF(fa_i_bwd_fa3, dt, suffix), 64, FA_I_COL(FA3_BWD, KEYS, FA_I_FA3_BWD_ROW), 256, \
      FA_I_FA3_BWD_SMEM}
 #else
 #define FA_I_FA3_FWD_ENTRIES(dt) {FA_I_NO_KERNEL, FA_I_NO_KERNEL}
+#define FA_I_FA3_FWD_GATHER_ENTRY(dt) FA_I_NO_KERNEL
 #define FA_I_FA3_BWD_ENTRY(dt, suffix) FA_I_NO_KERNEL
 #endif
 #define FA_I_DECODE_ENTRY(dt, suffix)                                                        \
@@ -5934,7 +6120,7 @@ static_assert(FA_I_PITCH(FA_I_D) == FA_I_D && FA_I_DECODE_WG_SMEM <= FA_I_SM90_S
     {FA_I_NO_KERNEL,                                                                         \
      {{FA_I_NO_KERNEL, FA_I_NO_KERNEL}, {FA_I_NO_KERNEL, FA_I_NO_KERNEL},                    \
       {FA_I_NO_KERNEL, FA_I_NO_KERNEL}},                                                     \
-     FA_I_NO_KERNEL, FA_I_FP8_FWD_ENTRIES, FA_I_NO_KERNEL, FA_I_NO_KERNEL,                   \
+     FA_I_NO_KERNEL, FA_I_FP8_FWD_ENTRIES, FA_I_NO_KERNEL, FA_I_NO_KERNEL, FA_I_NO_KERNEL,   \
      FA_I_NO_DECODE_KERNELS, FA_I_NO_DECODE_KERNELS, FA_I_D}
 #else
 #define FA_I_FP8_ENTRY FA_I_NO_KERNELS
@@ -5942,7 +6128,8 @@ static_assert(FA_I_PITCH(FA_I_D) == FA_I_D && FA_I_DECODE_WG_SMEM <= FA_I_SM90_S
 #define FA_I_ENTRY(dt)                                                                       \
     {FA_I_FA2_FWD_ENTRY(dt),                                                                 \
      {FA_I_FA2_BWD227_ENTRIES(dt), FA_I_FA2_BWD_ENTRIES(dt, 163), FA_I_FA2_BWD99_ENTRIES(dt)}, \
-     FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_BWD_ENTRY(dt, ),             \
+     FA_I_FA2_BWDQ_ENTRY(dt), FA_I_FA3_FWD_ENTRIES(dt), FA_I_FA3_FWD_GATHER_ENTRY(dt),        \
+     FA_I_FA3_BWD_ENTRY(dt, ),                                                               \
      FA_I_FA3_BWD_ENTRY(dt, _varlen),                                                        \
      {FA_I_DECODE_ENTRY(dt, ), FA_I_DECODE_PAGES_ENTRY(FA_I_DECODE_ENTRY, dt, _pages),       \
       FA_I_DECODE_SLICES_ENTRY(FA_I_DECODE_ENTRY, dt, _slices),                              \
@@ -5982,6 +6169,7 @@ static
 #undef FA_I_FA2_BWDQ_ENTRY
 #undef FA_I_FA3_FWD_ENTRY
 #undef FA_I_FA3_FWD_ENTRIES
+#undef FA_I_FA3_FWD_GATHER_ENTRY
 #undef FA_I_FA3_BWD_ENTRY
 #undef FA_I_ENTRY
 #undef FA_I_FP8_ENTRY
@@ -6005,6 +6193,8 @@ static
 #undef FA_I_FA2_BWDQ_SMEM
 #undef FA_I_HAS_FA3
 #undef FA_I_FA3_HAS
+#undef FA_I_FA3_GATHER_V
+#undef FA_I_FA3_GATHER_TILE
 #undef FA_I_FA3_FP8_HAS
 #ifdef FA_I_FA3_ROW_OF
 #undef FA_I_FA3_ROW_OF
@@ -7721,27 +7911,33 @@ static fa_status fa_i_paged_no_keys(const fa_params *p, int b, cudaStream_t stre
 }
 
 #if FA_I_SM90
-/* Whether FA3 kernel k loads its key tiles from pages of p's size: a power
-   of two that the tile divides (a tile from one page) or that divides the
-   tile in at most FA_I_FA3_BOXES boxes (a box from each page). Smaller
-   pages gather (DESIGN.md, paged caches). */
-static int fa_i_paged_fa3_fits(const fa_params *p, const fa_i_kernel *k)
+/* Whether FA3 kernel k's producer loads key tiles from pages of p's size
+   (a power of two) by TMA: the tile from one page, or a box from each of
+   at most FA_I_FA3_BOXES pages. Otherwise its warpgroup gathers them
+   (maps.gather; DESIGN.md, paged caches). */
+static int fa_i_paged_fa3_boxed(const fa_params *p, const fa_i_kernel *k)
 {
-    return k->fn && (p->page_size & (p->page_size - 1)) == 0 &&
-           (p->page_size % k->keys == 0 ||
-            (k->keys % p->page_size == 0 && k->keys / p->page_size <= FA_I_FA3_BOXES));
+    return p->page_size % k->keys == 0 ||
+           (k->keys % p->page_size == 0 && k->keys / p->page_size <= FA_I_FA3_BOXES);
 }
 
 /* The FA3 forward kernel that reads p's pages in place, or NULL: 16-bit
-   K/V, pages it fits (fa_i_paged_fa3_fits), runnable here. The variant
-   fa_i_fa3_pick gives, else t0 where only its tile fits. */
+   K/V in pages of a power of two, runnable here. The variant fa_i_fa3_pick
+   gives, else t0 where only its tile takes the pages by TMA, else the
+   gathering instance where its key tile spans at most 32 pages. */
 static const fa_i_kernel *fa_i_paged_fa3_kernel(const fa_params *p, const fa_i_kernels *ks,
                                                 const fa_i_device *dev)
 {
     const fa_i_kernel *k = fa_i_fa3_pick(p, ks);
-    if (p->dtype == FA_DTYPE_FP8_E4M3) return NULL;
-    if (!fa_i_paged_fa3_fits(p, k)) k = &ks->fa3_fwd[0];
-    return fa_i_paged_fa3_fits(p, k) && fa_i_fa3_compiled(k->fn, k->smem, dev) ? k : NULL;
+    if (p->dtype == FA_DTYPE_FP8_E4M3 || (p->page_size & (p->page_size - 1)) != 0) return NULL;
+    if (!fa_i_paged_fa3_boxed(p, k))
+        k = fa_i_paged_fa3_boxed(p, &ks->fa3_fwd[0]) ? &ks->fa3_fwd[0] : &ks->fa3_fwd_gather;
+    /* the gathering producer holds a key tile's pages in a warp's lanes,
+       and its threads' rows sit at one place in pages of 16 rows or fewer
+       (fa_i_gather_rows) */
+    if (k == &ks->fa3_fwd_gather && (p->page_size > 16 || k->keys / p->page_size > 32))
+        return NULL;
+    return k->fn && fa_i_fa3_compiled(k->fn, k->smem, dev) ? k : NULL;
 }
 
 /* Its workspace (after the tables): every sequence's maps and entry, every tile. */
@@ -7776,7 +7972,8 @@ static fa_params fa_i_paged_tail(const fa_params *p, int b, int nk, int *last)
    cache {d, row in page, head, page}, boxes of the key tile or of a page
    where pages are smaller (*boxed: k with that box, which its sequences'
    last-page maps take too), the table (device memory) and the page
-   shift; 0 where the driver refuses a map. */
+   shift; none where the producer's threads gather the pages (maps->gather);
+   0 where the driver refuses a map. */
 static int fa_i_paged_cache_maps(const fa_params *p, const fa_i_kernel *k, const int32_t *table,
                                  fa_i_tma_maps *maps, fa_i_kernel *boxed)
 {
@@ -7787,7 +7984,9 @@ static int fa_i_paged_cache_maps(const fa_params *p, const fa_i_kernel *k, const
     memset(maps, 0, sizeof *maps);
     maps->pages = table;
     while ((1 << maps->page_shift) < p->page_size) ++maps->page_shift;
-    return fa_i_tma_map(&maps->k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim,
+    maps->gather = !fa_i_paged_fa3_boxed(p, k); /* no cache maps: the producer's threads copy */
+    return maps->gather ||
+           fa_i_tma_map(&maps->k, p->k, &p->k_layout, &cache, p->dtype, p->head_dim,
                         p->page_size, p->heads_kv, boxed->keys) &&
            fa_i_tma_map(&maps->v, p->v, &p->v_layout, &cache, p->dtype, p->head_dim_v,
                         p->page_size, p->heads_kv, boxed->keys);

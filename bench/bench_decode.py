@@ -24,7 +24,8 @@ scattered pages' locality, the "ordered" columns. Rows with Nq > 16 (the
 last three by default) are prefill chunks against the cache.
 
 --extra NAME=SHIM times another build's dense and paged decode in the same
-rotation (a same-process A/B: the NAME / ours and NAME paged / dense columns);
+rotation (a same-process A/B: the NAME / ours, NAME paged / dense and NAME
+paged dev / dense columns);
 --split-factors F,... times the dense decode again with the split count
 forced to F times the library's choice (fa_params.num_splits; the "xF /
 ours" columns: how far the split rule is from a better count); --rows
@@ -196,6 +197,8 @@ def run_row(b, nk, nq, d, reps):
         decode(name, lib)
         for ps in PAGE_SIZES:
             decode(f"{name}_paged{ps}", lib, ps)
+        for ps in DEVICE_PAGE_SIZES:
+            decode(f"{name}_dev{ps}", lib, ps, device_tables=True)
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         runs = []
@@ -246,10 +249,12 @@ def table(rows):
              + "".join(f" paged {ps} dev / dense |" for ps in DEVICE_PAGE_SIZES)
              + "".join(f" paged {ps} ordered / dense |" for ps in ORDERED_PAGE_SIZES)
              + "".join(f" x{f} / ours |" for f in SPLIT_FACTORS)
-             + "".join(f" {name} / ours |" + "".join(f" {name} paged {ps} / dense |"
-                                                     for ps in PAGE_SIZES) for name, _ in EXTRA),
-             "|" + "---|" * (14 + len(DEVICE_PAGE_SIZES) + len(ORDERED_PAGE_SIZES) + len(SPLIT_FACTORS)
-                            + (len(PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
+             + "".join(f" {name} / ours |"
+                       + "".join(f" {name} paged {ps} / dense |" for ps in PAGE_SIZES)
+                       + "".join(f" {name} paged {ps} dev / dense |" for ps in DEVICE_PAGE_SIZES)
+                       for name, _ in EXTRA),
+             "|" + "---|" * (14 + len(ORDERED_PAGE_SIZES) + len(SPLIT_FACTORS)
+                            + (len(PAGE_SIZES) + len(DEVICE_PAGE_SIZES) + 1) * (len(EXTRA) + 1) - 1)]
     for r in rows:
         pct = 100 * r["ours_gbs"] / r["copy_gbs"]
         lines.append(
@@ -265,7 +270,10 @@ def table(rows):
             + "".join(f" {r[f'x{f}_gbs'] / r['ours_gbs']:.3f} |" for f in SPLIT_FACTORS)
             + "".join(f" {r[name + '_gbs'] / r['ours_gbs']:.3f} |"
                       + "".join(f" {r[f'{name}_paged{ps}_gbs'] / r['ours_gbs']:.3f} |"
-                                for ps in PAGE_SIZES) for name, _ in EXTRA))
+                                for ps in PAGE_SIZES)
+                      + "".join(f" {r[f'{name}_dev{ps}_gbs'] / r['ours_gbs']:.3f} |"
+                                if f"{name}_dev{ps}_gbs" in r else " - |" for ps in DEVICE_PAGE_SIZES)
+                      for name, _ in EXTRA))
     return lines
 
 

@@ -3,8 +3,10 @@ and the append of k_new / v_new into the pages), forward, against the
 float64 reference of each sequence's gathered keys; the cache after the
 append; bad tables and sizes refused with nothing written; the same on the
 GPU (decode kernel over the pages; prefill chunks on the FA3 kernel reading
-the pages in place where its key tile divides the page or a page of 64 keys
-or more divides the tile, else gathered); the reference refuses."""
+pages of a power of two in place, by TMA where its key tile divides the
+page or a page divides the tile in at most 4 boxes, else copied by its
+producer warpgroup's threads; other page sizes gathered into the workspace
+for the dense kernels); the reference refuses."""
 import ctypes
 
 import numpy as np
@@ -162,9 +164,9 @@ case("paged_empty_sequence_f16", paged_case, cache_lens=[0, 40], seqlen_q=2, dty
 
 # The GPU: seqlen_q <= 16 on the decode kernel reading the pages in place
 # (split or not), longer query chunks on the FA3 kernel reading them in
-# place (Hopper, powers of two from 64 that divide or are divided by its key
-# tile) or gathered per sequence onto the dense kernels; page sizes from 1
-# to past the key tiles, empty sequences, appends.
+# place (Hopper, pages of a power of two: by TMA or by the producer's
+# threads) or gathered per sequence onto the dense kernels (other sizes);
+# page sizes from 1 to past the key tiles, empty sequences, appends.
 GPU_CASES = (
         ("decode_append_d128", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                     max_pages=64, heads_q=8, heads_kv=2, head_dim=128)),
@@ -252,6 +254,22 @@ GPU_CASES = (
         ("prefill_gathered_page_24_d128_gqa", dict(
             cache_lens=[0, 23, 24, 25, 500], seqlen_new=9, seqlen_q=33, page_size=24,
             max_pages=23, heads_q=8, heads_kv=2, head_dim=128, causal=True, poison=True)),
+        # pages the TMA's boxes do not fit, copied by the producer's threads
+        # (d <= 128, pages of 4 and up): many key tiles and query blocks over
+        # pages of 16, pages of 4 (a key tile's 32 pages), a head dim
+        # between the compiled ones (columns zero-filled); pages of 2 gather
+        ("prefill_threads_page_16_d128_long_causal_gqa", dict(
+            cache_lens=[2000, 129, 1], seqlen_new=4, seqlen_q=260, page_size=16, max_pages=126,
+            heads_q=8, heads_kv=2, head_dim=128, causal=True, poison=True)),
+        ("prefill_threads_page_4_d64", dict(
+            cache_lens=[300, 3], seqlen_new=2, seqlen_q=33, page_size=4, max_pages=76,
+            causal=True, poison=True)),
+        ("prefill_gathered_page_2_d128", dict(
+            cache_lens=[70, 3], seqlen_q=33, page_size=2, max_pages=35, head_dim=128,
+            poison=True)),
+        ("prefill_threads_page_16_d96_window_softcap_f16", dict(
+            cache_lens=[300, 17], seqlen_q=64, page_size=16, max_pages=19, head_dim=96,
+            window=(100, 0), softcap=20.0, dtype="f16", poison=True)),
         ("decode_poison_page_16", dict(cache_lens=[37, 1000, 1, 64], seqlen_new=1, page_size=16,
                                        max_pages=64, heads_q=8, heads_kv=2, head_dim=128,
                                        poison=True)),
@@ -410,13 +428,14 @@ def gpu_paged_workspace_too_small():
 @test
 def gpu_paged_device_tables_gathered_workspace():
     """A prefill chunk over device tables whose pages the FA3 forward does
-    not read in place (8 keys) gathers every sequence's keys into the
+    not read in place (2 keys: a key tile spans more pages than its gathering
+    producer's warp holds) gathers every sequence's keys into the
     caller's workspace: its size holds [B, capacity] K and V, and one byte
     short is FA_ERR_WORKSPACE with nothing written, the cache included."""
     need_gpu()
     _need_fa3()
     prob = PagedProblem(rng_for("paged_ws_gathered"), cache_lens=[10, 20], seqlen_new=2,
-                        seqlen_q=17, page_size=8, max_pages=4, dtype="bf16")
+                        seqlen_q=17, page_size=2, max_pages=12, dtype="bf16")
     status, t, lse = prob.run("gpu", _set(tables_on_device=1))
     assert status == fa.FA_OK, f"{fa.status_name(status)}: {fa.last_detail('gpu')}"
     need = prob.workspace_size

@@ -4856,7 +4856,9 @@ static __global__ void fa_i_bwd_grads_out(const fa_params p, fa_i_grad_out a)
 #endif /* FA_I_HOST */
 
 /* Per query row r0 + r (r < bm): the base-2 LSE, D and the key range (the
-   rows' LSE at lse[row_base ...], their D at dsum[row_base ...]). */
+   rows' LSE at lse[row_base ...], their D at dsum[row_base ...]). A row
+   past the end sees no key (hi 0) and starts where the last row does, so
+   that the block's last row answers FA_I_TILE_MASKED without the length. */
 static __device__ __forceinline__ void fa_i_bwd_row_facts_at(
     const fa_params *p, const float *lse_all, const float *dsum_all, int64_t row_base, int r0,
     float *slse, float *sdsum, int *slo, int *shi, int bm, int tid, int nthreads)
@@ -4869,6 +4871,9 @@ static __device__ __forceinline__ void fa_i_bwd_row_facts_at(
             fa_i_key_range(p, r0 + r, &lo, &hi);
             lse = lse_all[row_base + r0 + r];
             dsum = dsum_all[row_base + r0 + r];
+        } else {
+            fa_i_key_range(p, p->seqlen_q - 1, &lo, &hi);
+            hi = 0;
         }
         /* LSE = -inf marks an empty row; +inf makes its P = 2^(s - inf) = 0. */
         slse[r] = lse == -INFINITY ? INFINITY : lse * FA_I_LOG2E_F;
@@ -5086,7 +5091,7 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_cp_async_commit();
         { /* S = Q K^T and dP = dO V^T on this warp's tile, then P and dS to smem */
             float s[SM / 16 * SN / 8][4], dp[SM / 16 * SN / 8][4];
-            const int masked = FA_I_TILE_MASKED(hi[0], lo[min(BM, p.seqlen_q - r0) - 1], c0, c0 + BN);
+            const int masked = FA_I_TILE_MASKED(hi[0], lo[BM - 1], c0, c0 + BN);
             fa_i_zero_acc(s, SM / 16 * SN / 8);
             fa_i_zero_acc(dp, SM / 16 * SN / 8);
             fa_i_warp_gemm(s, SM / 16, SN / 16, D, sqt + s_row * LDQ, LDQ, 0, sk + s_key * LDK,
@@ -5563,9 +5568,7 @@ static __global__ void __launch_bounds__(256, 1)
         if (p.softcap > 0.0f)
 #pragma unroll
             for (i = 0; i < 32; ++i) s[i] = fa_i_score(&p, s[i]);
-        FA_I_BWD_VIEW();
-        if (FA_I_TILE_MASKED(shi[rb][0], slo[rb][min(BM, FA_I_BWD_SEQ.seqlen_q - r0) - 1],
-                             c0 + keys_w, c0 + keys_w + 64))
+        if (FA_I_TILE_MASKED(shi[rb][0], slo[rb][BM - 1], c0 + keys_w, c0 + keys_w + 64))
 #pragma unroll
             for (i = 0; i < 32; ++i) {
                 const int r = FA_I_FA3_COL(i), key = c0 + key0 + 8 * ((i >> 1) & 1);
@@ -7921,6 +7924,15 @@ static int fa_i_paged_fa3_boxed(const fa_params *p, const fa_i_kernel *k)
            (k->keys % p->page_size == 0 && k->keys / p->page_size <= FA_I_FA3_BOXES);
 }
 
+/* Device tables: from this many query rows a key serves (seqlen_q x the
+   GQA group), one gather of every sequence's keys into the workspace, then
+   the dense kernel, beats the gathering instance: the gather's cost (each
+   K/V byte read and written once) shrinks against the rows' work, the
+   instance's (its producer's copies, a share of every tile) does not
+   (DESIGN.md, paged caches). Host tables gather a sequence at a time, a
+   launch each, and keep the instance. */
+#define FA_I_PAGED_GATHER_ROWS 4096
+
 /* The FA3 forward kernel that reads p's pages in place, or NULL: 16-bit
    K/V in pages of a power of two, runnable here. The variant fa_i_fa3_pick
    gives, else t0 where only its tile takes the pages by TMA, else the
@@ -7935,7 +7947,10 @@ static const fa_i_kernel *fa_i_paged_fa3_kernel(const fa_params *p, const fa_i_k
     /* the gathering producer holds a key tile's pages in a warp's lanes,
        and its threads' rows sit at one place in pages of 16 rows or fewer
        (fa_i_gather_rows) */
-    if (k == &ks->fa3_fwd_gather && (p->page_size > 16 || k->keys / p->page_size > 32))
+    if (k == &ks->fa3_fwd_gather &&
+        (p->page_size > 16 || k->keys / p->page_size > 32 ||
+         (p->tables_on_device &&
+          (int64_t)p->seqlen_q * (p->heads_q / p->heads_kv) >= FA_I_PAGED_GATHER_ROWS)))
         return NULL;
     return k->fn && fa_i_fa3_compiled(k->fn, k->smem, dev) ? k : NULL;
 }

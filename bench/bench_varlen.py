@@ -21,7 +21,13 @@ varlen instance costs apart from the length mix (not written to the
 results file); with --profile, the profiled varlen calls take those
 lengths.
 
-Usage: python3 bench/bench_varlen.py [--out DIR] [--profile] [--uniform] [--extra NAME=SHIM ...]
+--ab ROUNDS: only the backward of the varlen batch (this build's and each
+--extra's) and, with --uniform, of the dense batch and of the varlen call
+over its lengths, over ROUNDS alternating rounds; prints the ratios, writes
+no results file (a tighter A/B of the backward).
+
+Usage: python3 bench/bench_varlen.py [--out DIR] [--profile] [--uniform] [--ab ROUNDS]
+                                     [--extra NAME=SHIM ...]
 """
 import ctypes
 import datetime
@@ -123,6 +129,26 @@ def main():
             backward()
         torch.cuda.synchronize()
         return
+    if "--ab" in sys.argv:
+        rounds = int(sys.argv[sys.argv.index("--ab") + 1])
+        for causal in (False, True):
+            fns = {"vb": make_call(lengths, causal, True)[1]}
+            for name, lib in extra:
+                fns[name + "_b"] = make_call(lengths, causal, True, lib=lib)[1]
+            if "--uniform" in sys.argv:
+                fns["db"], fns["ub"] = make_call(dense, causal, False)[1], make_call(dense, causal, True)[1]
+            t = bg.alternating_ms(fns, rounds, REPS, 0.1)
+            med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
+            for name, _ in extra:
+                ratios = sorted(a / b for a, b in zip(t["vb"], t[name + "_b"]))
+                print(f"A/B causal={causal} {name}: varlen bwd {med['vb'] / med[name + '_b']:.3f} "
+                      f"(this build's time / {name}'s; rounds {ratios[0]:.3f} - {ratios[-1]:.3f})",
+                      flush=True)
+            if "--uniform" in sys.argv:
+                print(f"uniform causal={causal}: varlen over {dense_b} x {dense_n} / dense: bwd "
+                      f"{med['db'] / med['ub']:.3f} (TFLOP/s ratio)", flush=True)
+        return
+    os.makedirs(out, exist_ok=True)
     rows = []
     for causal in (False, True):
         flops = 4.0 * HEADS * DIM * sum(x * x for x in lengths) / (2 if causal else 1)

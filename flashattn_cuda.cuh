@@ -577,25 +577,25 @@ FA_API fa_status fa_cuda_quantize_fp8(const fa_quantize_params *p, cudaStream_t 
 #define FA_I_SM90_CONSUMER_REGS(nc) ((nc) == 2 ? 232 : 160)
 /* The most boxes of keys the producer loads a key tile in from pages
    below the tile, their table entries held in its registers (pages of 32
-   at the 128-key tiles; smaller pages are gathered: DESIGN.md). */
+   at the 128-key tiles; smaller pages its warpgroup's threads copy, or
+   they are gathered: DESIGN.md). */
 #define FA_I_FA3_BOXES 4
 /* FP8's producer warpgroup also transposes V: with 3 consumers it keeps 40
    (its consumers need no more than 152: P is half the size). */
 #define FA_I_SM90_PRODUCER_REGS_OF(nc, fp8) ((fp8) && (nc) == 3 ? 40 : FA_I_SM90_PRODUCER_REGS(nc))
 #define FA_I_SM90_CONSUMER_REGS_OF(nc, fp8) ((fp8) && (nc) == 3 ? 152 : FA_I_SM90_CONSUMER_REGS(nc))
 /* The gathering producer (paged caches, maps.gather) copies key tiles with
-   all 128 threads: 56 with 2 consumers (224 each), 40 with 3 (152). */
-#define FA_I_SM90_GATHER_PRODUCER_REGS(nc) ((nc) == 3 ? 40 : 56)
-#define FA_I_SM90_GATHER_CONSUMER_REGS(nc) ((nc) == 3 ? 152 : 224)
+   all 128 threads: 56 registers, its two consumers (128-row tiles only)
+   224 each. */
+#define FA_I_SM90_GATHER_PRODUCER_REGS 56
+#define FA_I_SM90_GATHER_CONSUMER_REGS 224
 #define FA_I_SM90_LAUNCH_REGS(nc) (65536 / (128 * ((nc) + 1)) / 8 * 8)
 static_assert(FA_I_SM90_PRODUCER_REGS(2) + 2 * FA_I_SM90_CONSUMER_REGS(2) <= 3 * FA_I_SM90_LAUNCH_REGS(2) &&
                   FA_I_SM90_PRODUCER_REGS(3) + 3 * FA_I_SM90_CONSUMER_REGS(3) <= 4 * FA_I_SM90_LAUNCH_REGS(3) &&
                   FA_I_SM90_PRODUCER_REGS_OF(3, 1) + 3 * FA_I_SM90_CONSUMER_REGS_OF(3, 1) <=
                       4 * FA_I_SM90_LAUNCH_REGS(3) &&
-                  FA_I_SM90_GATHER_PRODUCER_REGS(2) + 2 * FA_I_SM90_GATHER_CONSUMER_REGS(2) <=
-                      3 * FA_I_SM90_LAUNCH_REGS(2) &&
-                  FA_I_SM90_GATHER_PRODUCER_REGS(3) + 3 * FA_I_SM90_GATHER_CONSUMER_REGS(3) <=
-                      4 * FA_I_SM90_LAUNCH_REGS(3),
+                  FA_I_SM90_GATHER_PRODUCER_REGS + 2 * FA_I_SM90_GATHER_CONSUMER_REGS <=
+                      3 * FA_I_SM90_LAUNCH_REGS(2),
               "flashattn: setmaxnreg can't hand out more registers than the CTA launched with");
 #endif /* >> tile tables */
 
@@ -3327,7 +3327,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_body)(const fa_para
     __syncthreads();
     if (tid < 128) { /* producer warpgroup: one thread issues every copy (gather mode: all) */
         if (gather)
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_GATHER_PRODUCER_REGS(NC)));
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_GATHER_PRODUCER_REGS));
         else
             asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_PRODUCER_REGS_OF(NC, FA_I_FP8)));
         /* gather: the lead warp (Q's loads) as a warp-uniform value; a test
@@ -3344,7 +3344,7 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_body)(const fa_para
            derives from it) as warp-uniform; tid / 128 alone it does not */
         const int cw = __shfl_sync(0xffffffffu, tid / 128 - 1, 0);
         if (gather)
-            asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_GATHER_CONSUMER_REGS(NC)));
+            asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_GATHER_CONSUMER_REGS));
         else
             asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FA_I_SM90_CONSUMER_REGS_OF(NC, FA_I_FP8)));
         FA_I_KNAME_V(fa_i_fa3_consumer)(p, maps, &L, cw);

@@ -1,5 +1,5 @@
-"""Sums an ncu per-SASS-line export by opcode and by how often each line ran
-per warp (a profiling aid, never a benchmark).
+"""Sums an ncu per-SASS-line export by opcode, by stall reason and by how
+often each line ran per warp (a profiling aid, never a benchmark).
 
 Usage:
   ncu --section SourceCounters --section WarpStateStats -k regex:NAME -o REP \
@@ -46,6 +46,12 @@ def main():
     print("opcode     per warp   share of stall samples")
     for op, n in by_op.most_common(30):
         print(f"  {op:10s} {n / warps:9.1f}   {100 * stall_by_op[op] / samples:5.1f}%")
+    reasons = [(c, i) for i, c in enumerate(cols) if c.startswith("stall_") and "(" not in c]
+    if reasons:
+        sums = {c: sum(number(r[i]) for r in lines if len(r) > i) for c, i in reasons}
+        print("stall reasons: share of the samples (sum " + f"{sum(sums.values()):.0f})")
+        for c, n in sorted(sums.items(), key=lambda x: -x[1])[:12]:
+            print(f"  {c[6:]:18s} {100 * n / samples:5.1f}%")
     print("runs per warp: instructions per warp from lines run that often")
     for runs, n in sorted(by_runs.items()):
         print(f"  x{runs:7.1f}: {n / warps:9.1f}")

@@ -1,4 +1,4 @@
-/* flashattn.h - v0.15.2 - exact attention with the FlashAttention algorithms.
+/* flashattn.h - v0.16.0 - exact attention with the FlashAttention algorithms.
    MIT licence and revision history: see the end of this file.
 
    This header holds the public C API (shared by the CPU and GPU paths) and the
@@ -98,8 +98,8 @@
 #include <stdint.h>
 
 #define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 15
-#define FA_VERSION_PATCH 2
+#define FA_VERSION_MINOR 16
+#define FA_VERSION_PATCH 0
 
 /* Largest head dim any path supports. */
 #define FA_MAX_HEAD_DIM 256
@@ -3304,6 +3304,10 @@ FA_API fa_status fa_cpu_quantize_fp8(const fa_quantize_params *params, const fa_
 
 /*
 REVISION HISTORY
+   0.16.0 GPU paged prefill: pages of 4 to 16 keys at d <= 128 read in
+          place by the FA3 forward, its producer warpgroup's threads
+          copying the key tiles (cp.async); with device tables from 4096
+          query rows x GQA group they gather into the workspace first
    0.15.2 GPU decode: the split-KV combine specialized for fp32 parts;
           the wgmma decode kernel overlaps a tile's softmax with the
           previous tile's P V (d <= 128)

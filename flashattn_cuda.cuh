@@ -1,4 +1,4 @@
-/* flashattn_cuda.cuh - v0.15.2 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
+/* flashattn_cuda.cuh - v0.16.0 - FlashAttention on NVIDIA GPUs, template-free CUDA C.
    MIT licence: see the end of flashattn.h.
 
    QUICK GUIDE

@@ -2820,11 +2820,11 @@ static __device__ __forceinline__ void FA_I_KNAME_V(fa_i_fa3_producer)(
     /* per stage: it holds a staged O (O_IN_RING), and the parity of its
        o_read barriers' next phase */
     uint32_t staged = 0, o_parity = 0;
-    if (lead) {
-        if (!gather) fa_i_tma_prefetch(&maps->k);
-        if (!gather) fa_i_tma_prefetch(&maps->v);
-        fa_i_tma_prefetch(&maps->o);
+    if (lead && !gather) {
+        fa_i_tma_prefetch(&maps->k);
+        fa_i_tma_prefetch(&maps->v);
     }
+    if (lead) fa_i_tma_prefetch(&maps->o);
     have = fa_i_fa3_tile(p, maps, 0, BM, &mb, &h, &b);
     for (k = 0; have; ++k) {
         const int hk = h / (p->heads_q / p->heads_kv);

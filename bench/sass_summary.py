@@ -29,7 +29,9 @@ def main():
     source, executed = cols.index("Source"), cols.index("Instructions Executed")
     stalls = cols.index("Warp Stall Sampling (All Samples)")
     by_op, by_runs, stall_by_op = collections.Counter(), collections.Counter(), collections.Counter()
-    lines = [r for r in rows[head + 1:] if len(r) > max(source, executed, stalls)]
+    # ncu may print the listing more than once: the first block only
+    end = next((i for i in range(head + 1, len(rows)) if rows[i] == cols), len(rows))
+    lines = [r for r in rows[head + 1:end] if len(r) > max(source, executed, stalls)]
     for r in lines:
         words = r[source].split()
         if not words:

@@ -3,13 +3,16 @@
 # in bench/log (wip-varlen-bwd-hoist: its A/B ran in the thirty-first
 # session, its tests did not), then the FP8 A/Bs of wip-fp8-head-descales
 # (f8h) and wip-fp8-spec (spec: form 2 on the d = 128 t0 and d = 256
-# tiles), and on an H200 issue 48's decode rows (~9 min). Builds it
+# tiles), and on an H200 issue 48's decode rows. PART=tests runs the
+# tests alone (~8 min), PART=bench the rest (~6 min). Builds it
 # carries (sm_90a, made here; build/rev_all.so ~4 min on 2 cores):
 #   S="nvcc -O3 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a -Xptxas --split-compile=0 -shared"
 #   build/rev_main.so   $S on main's tests/shim_cuda.cu
-#   build/rev_all.so    the same with all three patches
+#   build/rev_all.so    the same with the three patches applied (git apply)
 #   build/rev_{main,f8h,spec}_d128_fp8.so, build/rev_{main,spec}_d256_fp8.so:
-#     DTYPE=3 bash bench/rev_variant.sh build NAME D on staged trees
+#     DTYPE=3 bash bench/rev_variant.sh build NAME D, build/rev/NAME holding
+#     main's headers and tests/shim_cuda.cu (stage main HEAD), or those of a
+#     tree with wip-fp8-head-descales (f8h) or wip-fp8-spec (spec) applied
 set -u
 out=$OUT
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"
@@ -17,10 +20,13 @@ make -s build/libflashattn_test.so >$out/make.log 2>&1 || { tail $out/make.log; 
 t0=$SECONDS
 export PYTHONUNBUFFERED=1
 cp build/rev_all.so build/libflashattn_cuda_test.so
-for tst in gpu_varlen gpu_fp8; do
-  timeout 170 python3 tests/run_tests.py $tst > $out/test_$tst.log 2>&1
-  grep -v "^PASS" $out/test_$tst.log | tail -6; echo "$tst passed: $(grep -c '^PASS' $out/test_$tst.log)  at $((SECONDS-t0)) s"
-done
+if [ "${PART:-all}" != bench ]; then
+  for tst in gpu_varlen gpu_fp8 gpu_bwd; do
+    timeout 170 python3 tests/run_tests.py $tst > $out/test_$tst.log 2>&1
+    grep -v "^PASS" $out/test_$tst.log | tail -6; echo "$tst passed: $(grep -c '^PASS' $out/test_$tst.log)  at $((SECONDS-t0)) s"
+  done
+  [ "${PART:-all}" = tests ] && exit 0
+fi
 cp build/rev_main.so build/libflashattn_cuda_test.so
 fp8ab() {  # d, then NAME=shim pairs
     local d=$1; shift

@@ -180,7 +180,7 @@ def main():
     sizes = [1024, 2048] if quick else [1024, 2048, 4096, 8192]
     header = ("| causal | d | N | " + " | ".join(h for _, h, _ in IMPLS) +
               " | fp32 % of peak | vs ORT MHA | flashattn MiB | NumPy MiB | ORT MHA MiB |")
-    print(f"fp32 FMA peak on {threads} threads: {peak:.1f} GFLOP/s (probed again after the rows)")
+    print(f"fp32 FMA peak on {threads} threads: {peak:.1f} GFLOP/s (first probe; probed again after the rows)")
     print(header, flush=True)
     rows, blas = [], ""
     tmp = os.path.join(ROOT, "build")

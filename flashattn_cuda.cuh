@@ -5418,10 +5418,10 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_dq)(float *acc, u
    instance reads p and args as they are: the view as a run-time choice
    slowed the dense backward (DESIGN.md, ragged batches). */
 static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_view)(
-    const fa_params *p, const fa_i_fa3_bwd_args *args, fa_params *v, const fa_i_fa3_bwd_args **maps)
+    const fa_params *p, const fa_i_fa3_bwd_args *args, int s, fa_params *v,
+    const fa_i_fa3_bwd_args **maps)
 {
     const int64_t es = 2; /* 16-bit gradients */
-    const int s = FA_I_BWD_SEQ_INDEX(*args);
     const fa_i_fa3_seq *e = args->seqs + s;
     *v = *p;
     v->seqlen_q = e->nq;
@@ -5434,12 +5434,12 @@ static __device__ __forceinline__ void FA_I_KNAME(fa_i_fa3_bwd_view)(
 #define FA_I_BWD_FA3_NAME FA_I_CAT(FA_I_KNAME(fa_i_bwd_fa3), _varlen)
 #define FA_I_BWD_SEQ v         /* the CTA's problem */
 #define FA_I_BWD_MAPS maps     /* its tensor maps */
-#define FA_I_BWD_VIEW() FA_I_KNAME(fa_i_fa3_bwd_view)(&p, &args, &v, &maps)
+#define FA_I_BWD_VIEW() FA_I_KNAME(fa_i_fa3_bwd_view)(&p, &args, seq, &v, &maps)
 /* the row facts of (head h, first row r0) into buffer i: LSE and D [Hq, total_q] */
 #define FA_I_BWD_FA3_ROW_FACTS(h, r0, i, tid, nthreads)                                     \
     fa_i_bwd_row_facts_at(&v, p.lse, args.a.dsum,                                         \
-                          (int64_t)(h) * args.total_q + args.seqs[FA_I_BWD_SEQ_INDEX(args)].q0, \
-                          r0, slse[i], sdsum[i], slo[i], shi[i], BM, tid, nthreads)
+                          (int64_t)(h) * args.total_q + args.seqs[seq].q0, r0, slse[i],     \
+                          sdsum[i], slo[i], shi[i], BM, tid, nthreads)
 #else
 #define FA_I_BWD_FA3_NAME FA_I_KNAME(fa_i_bwd_fa3)
 #define FA_I_BWD_SEQ p
@@ -5483,7 +5483,10 @@ static __global__ void __launch_bounds__(256, 1)
     const int group = p.heads_q / p.heads_kv;
     const int q_blocks = FA_I_BWD_VARLEN ? args.acc_blocks : fa_i_dq_blocks(&p);
 #if FA_I_BWD_VARLEN
-    fa_params v; /* the CTA's sequence's problem, looked up where it is used */
+    /* the CTA's sequence (its index and dQ block held, its problem looked up
+       where it is used) */
+    const int seq = FA_I_BWD_SEQ_INDEX(args);
+    fa_params v;
     const fa_i_fa3_bwd_args *maps;
 #endif
     const int keys_w = SHARED_KEYS ? 0 : 64 * w, cols_w = SHARED_KEYS ? DW * w : 0;
@@ -5494,7 +5497,10 @@ static __global__ void __launch_bounds__(256, 1)
     int sh = 0, sb = 0; /* this step's head of the group and block */
 
 #if FA_I_BWD_VARLEN
-    if (FA_I_BWD_SEQ_INDEX(args) < 0) return; /* past a schedule made on the device */
+    if (seq < 0) return; /* past a schedule made on the device */
+    const int acc0 = args.seqs[seq].acc0;
+#else
+    const int acc0 = 0;
 #endif
     FA_I_BWD_VIEW();
     fa_i_rows_seeing_keys(&FA_I_BWD_SEQ, c0, min(c0 + BN, FA_I_BWD_SEQ.seqlen_k), &first, &last);
@@ -5653,7 +5659,6 @@ static __global__ void __launch_bounds__(256, 1)
         fa_i_fence_proxy_async();
         fa_i_named_sync(1 + w, 128);
         if (t == 0) { /* d = 64: its keys' share of the block, else its columns */
-            const int acc0 = FA_I_BWD_VARLEN ? args.seqs[FA_I_BWD_SEQ_INDEX(args)].acc0 : 0;
             fa_i_bulk_add_f32(args.a.dq_acc +
                                   (((int64_t)b * p.heads_q + h) * q_blocks + acc0 + r0 / BM) *
                                       BM * D +

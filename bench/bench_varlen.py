@@ -23,8 +23,8 @@ lengths.
 
 --ab ROUNDS: only the backward of the varlen batch (this build's and each
 --extra's) and, with --uniform, of the dense batch and of the varlen call
-over its lengths, over ROUNDS alternating rounds; prints the ratios, writes
-no results file (a tighter A/B of the backward).
+over its lengths (each build's), over ROUNDS alternating rounds; prints the
+ratios, writes no results file (a tighter A/B of the backward).
 
 Usage: python3 bench/bench_varlen.py [--out DIR] [--profile] [--uniform] [--ab ROUNDS]
                                      [--extra NAME=SHIM ...]
@@ -137,6 +137,8 @@ def main():
                 fns[name + "_b"] = make_call(lengths, causal, True, lib=lib)[1]
             if "--uniform" in sys.argv:
                 fns["db"], fns["ub"] = make_call(dense, causal, False)[1], make_call(dense, causal, True)[1]
+                for name, lib in extra:
+                    fns[name + "_ub"] = make_call(dense, causal, True, lib=lib)[1]
             t = bg.alternating_ms(fns, rounds, REPS, 0.1)
             med = {k: sorted(x)[len(x) // 2] for k, x in t.items()}
             for name, _ in extra:
@@ -145,8 +147,11 @@ def main():
                       f"(this build's time / {name}'s; rounds {ratios[0]:.3f} - {ratios[-1]:.3f})",
                       flush=True)
             if "--uniform" in sys.argv:
-                print(f"uniform causal={causal}: varlen over {dense_b} x {dense_n} / dense: bwd "
-                      f"{med['db'] / med['ub']:.3f} (TFLOP/s ratio)", flush=True)
+                for name in [""] + [name for name, _ in extra]:
+                    ub = med[(name + "_" if name else "") + "ub"]
+                    print(f"uniform causal={causal}{' ' + name if name else ''}: varlen over "
+                          f"{dense_b} x {dense_n} / dense: bwd {med['db'] / ub:.3f} (TFLOP/s ratio)",
+                          flush=True)
         return
     os.makedirs(out, exist_ok=True)
     rows = []

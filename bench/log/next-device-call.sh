@@ -1,30 +1,44 @@
 #!/bin/bash
-# The next device call, for an H200 (the issues' targets are measured
-# there; the last H200 tables predate the decode kernels d11 / d12 and the
-# varlen backward's hoist): issue 48's decode table (`make bench-decode`,
-# pages of 16 and 64 beside), then issue 50's varlen table. On an H100 it
-# runs the varlen table alone (its H100 table is current: c74cdb0).
-# Carry build/libflashattn_test.so and build/rev_head.so, main's CUDA
-# test shim built here (~2.5 min on 2 cores):
+# The next device calls. Carry build/libflashattn_test.so, build/rev_head.so
+# (main's CUDA test shim) and build/rev_pg256.so (the same with
+# bench/log/wip-paged-d256-t1.patch applied) and build/pg256_test_paged.py
+# (the patched tests/test_paged.py), made here (~2.5 min a shim on 2 cores;
+# for the patched one apply the patch in a worktree first):
 #   nvcc -O3 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
 #        -Xptxas --split-compile=0 -shared -o build/rev_head.so tests/shim_cuda.cu
-# and set FA_COMMIT to the commit it was built from. ~9 min on an H200:
-# PART=decode / PART=varlen split it over two calls.
+# and set FA_COMMIT to the commit rev_head.so was built from.
+# PART=pg256 (any Hopper, ~4 min): the patch's tests (gpu_paged, its test
+#   file copied in) and its A/B on d = 256 paged prefill chunks.
+# PART=decode, PART=varlen (an H200; the issues' targets are measured
+#   there and the last H200 tables predate the decode kernels d11 / d12
+#   and the varlen backward's hoist): `make bench-decode` with pages of 16
+#   and 64 beside (~8 min), then the varlen table (~2 min).
 set -u
 out=$OUT
 export PYTHONUNBUFFERED=1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $gpu"
 make -s build/libflashattn_test.so >$out/make.log 2>&1 || { tail $out/make.log; exit 1; }
-cp build/rev_head.so build/libflashattn_cuda_test.so
 t0=$SECONDS
-case "$gpu" in *H200*)
-  if [ "${PART:-all}" != varlen ]; then
-    timeout 500 python3 bench/bench_decode.py --paged 16,64 --out $out/decode > $out/decode.log 2>&1
-    echo "decode rc=$? rows: $(grep -c '^| [0-9]' $out/decode.log) at $((SECONDS - t0)) s"
-  fi;;
-esac
-if [ "${PART:-all}" != decode ]; then
+case "${PART:-}" in
+pg256)
+  cp build/pg256_test_paged.py tests/test_paged.py # the patch's tests
+  cp build/rev_pg256.so build/libflashattn_cuda_test.so
+  timeout 200 python3 tests/run_tests.py gpu_paged > $out/test_gpu_paged.log 2>&1
+  grep -v "^PASS" $out/test_gpu_paged.log | tail -8
+  echo "gpu_paged passed: $(grep -c '^PASS' $out/test_gpu_paged.log) at $((SECONDS - t0)) s"
+  timeout 200 python3 bench/bench_decode.py --paged 16,32,64 --device-tables 16 \
+    --extra main=build/rev_head.so \
+    --rows "1,8192,512,256;4,8192,512,256;1,16384,2048,256;1,32768,1024,256;1,8192,512,128" \
+    --out /tmp/pg > $out/pg256_ab.log 2>&1
+  grep "^|" $out/pg256_ab.log;;
+decode)
+  cp build/rev_head.so build/libflashattn_cuda_test.so
+  timeout 500 python3 bench/bench_decode.py --paged 16,64 --out $out/decode > $out/decode.log 2>&1
+  echo "decode rc=$? rows: $(grep -c '^| [0-9]' $out/decode.log)";;
+varlen)
+  cp build/rev_head.so build/libflashattn_cuda_test.so
   timeout 300 python3 bench/bench_varlen.py --out $out/varlen > $out/varlen.log 2>&1
-  echo "varlen rc=$?"; grep "^| " $out/varlen.log
-fi
+  echo "varlen rc=$?"; grep "^| " $out/varlen.log;;
+*) echo "PART=pg256, decode or varlen"; exit 1;;
+esac
 echo "all: $((SECONDS - t0)) s"

@@ -13,6 +13,9 @@
 #   there and the last H200 tables predate the decode kernels d11 / d12
 #   and the varlen backward's hoist): `make bench-decode` with pages of 16
 #   and 64 beside (~8 min), then the varlen table (~2 min).
+# PART=fp8prof (any Hopper, ~3 min): the FP8 d = 128 kernels' SASS and an
+#   ncu per-line profile of t0 (summed by bench/sass_summary.py), for what
+#   holds the FP8 step.
 set -u
 out=$OUT
 export PYTHONUNBUFFERED=1
@@ -39,6 +42,18 @@ varlen)
   cp build/rev_head.so build/libflashattn_cuda_test.so
   timeout 300 python3 bench/bench_varlen.py --out $out/varlen > $out/varlen.log 2>&1
   echo "varlen rc=$?"; grep "^| " $out/varlen.log;;
-*) echo "PART=pg256, decode or varlen"; exit 1;;
+fp8prof)  # what holds the FP8 step (DESIGN.md, FP8): its SASS and a per-line profile
+  cp build/rev_head.so build/libflashattn_cuda_test.so
+  for v in t0 t1; do
+    cuobjdump -sass -fun _Z25fa_i_fwd_fa3_e4m3_d128_${v}9fa_params13fa_i_tma_maps \
+      build/rev_head.so | gzip > $out/fp8_d128_$v.sass.gz
+  done
+  timeout 400 ncu --section SourceCounters --section WarpStateStats -k regex:e4m3_d128_t0 -c 1 \
+    -o $out/fp8_t0 python3 bench/profile_gpu.py --dtype fp8 --d 128 --n 16384 \
+    --lib libflashattn_cuda_test.so > $out/ncu.log 2>&1
+  ncu -i $out/fp8_t0.ncu-rep -k regex:e4m3_d128_t0 --page source --csv --print-source sass \
+    > $out/fp8_t0_lines.csv && gzip $out/fp8_t0_lines.csv
+  tail -3 $out/ncu.log;;
+*) echo "PART=pg256, decode, varlen or fp8prof"; exit 1;;
 esac
 echo "all: $((SECONDS - t0)) s"

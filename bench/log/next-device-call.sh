@@ -9,6 +9,9 @@
 # and set FA_COMMIT to the commit rev_head.so was built from.
 # PART=pg256 (any Hopper, ~4 min): the patch's tests (gpu_paged, its test
 #   file copied in) and its A/B on d = 256 paged prefill chunks.
+# PART=tc (any Hopper, ~3 min): wip-paged-one-table-copy's paged tests
+#   and its A/B on small paged decode calls (build/rev_tc.so, built as
+#   rev_pg256.so with that patch).
 # PART=decode, PART=varlen (an H200; the issues' targets are measured
 #   there and the last H200 tables predate the decode kernels d11 / d12
 #   and the varlen backward's hoist): `make bench-decode` with pages of 16
@@ -34,6 +37,15 @@ pg256)
     --rows "1,8192,512,256;4,8192,512,256;1,16384,2048,256;1,32768,1024,256;1,8192,512,128" \
     --out /tmp/pg > $out/pg256_ab.log 2>&1
   grep "^|" $out/pg256_ab.log;;
+tc)  # wip-paged-one-table-copy: its tests and A/B on small paged decode calls
+  cp build/rev_tc.so build/libflashattn_cuda_test.so
+  timeout 150 python3 tests/run_tests.py gpu_paged_decode gpu_paged_prefill gpu_paged_speculative gpu_paged_workspace \
+    > $out/test_tc.log 2>&1
+  grep -v "^PASS" $out/test_tc.log | tail -6; echo "passed: $(grep -c '^PASS' $out/test_tc.log)"
+  timeout 200 python3 bench/bench_decode.py --paged 16,64 --extra main=build/rev_head.so \
+    --rows "8,1024,4,128;1,4096,1,128;8,4096,1,128;1,32768,1,128;8,4096,16,128;32,4096,1,128" \
+    --out /tmp/tc > $out/tc_ab.log 2>&1
+  grep "^|" $out/tc_ab.log;;
 decode)
   cp build/rev_head.so build/libflashattn_cuda_test.so
   timeout 500 python3 bench/bench_decode.py --paged 16,64 --out $out/decode > $out/decode.log 2>&1
@@ -54,6 +66,6 @@ fp8prof)  # what holds the FP8 step (DESIGN.md, FP8): its SASS and a per-line pr
   ncu -i $out/fp8_t0.ncu-rep -k regex:e4m3_d128_t0 --page source --csv --print-source sass \
     > $out/fp8_t0_lines.csv && gzip $out/fp8_t0_lines.csv
   tail -3 $out/ncu.log;;
-*) echo "PART=pg256, decode, varlen or fp8prof"; exit 1;;
+*) echo "PART=pg256, tc, decode, varlen or fp8prof"; exit 1;;
 esac
 echo "all: $((SECONDS - t0)) s"

@@ -7,6 +7,10 @@
 #   nvcc -O3 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
 #        -Xptxas --split-compile=0 -shared -o build/rev_head.so tests/shim_cuda.cu
 # and set FA_COMMIT to the commit rev_head.so was built from.
+# PART=cand first (any Hopper, ~7 min; carry build/rev_cand.so, main with
+#   bench/log/wip-fp8-d256-k128.patch): the FP8 d = 256 128 x 128 tile, the
+#   producer warp and FP8's 24 / 240 registers: gpu_fp8, gpu_fwd, gpu_varlen
+#   and gpu_paged_prefill on it, then the FP8 A/B at d = 256 and 128.
 # PART=pg256 (any Hopper, ~4 min): the patch's tests (gpu_paged, its test
 #   file copied in) and its A/B on d = 256 paged prefill chunks.
 # PART=tc (any Hopper, ~3 min): wip-paged-one-table-copy's paged tests
@@ -46,6 +50,26 @@ tc)  # wip-paged-one-table-copy: its tests and A/B on small paged decode calls
     --rows "8,1024,4,128;1,4096,1,128;8,4096,1,128;1,32768,1,128;8,4096,16,128;32,4096,1,128" \
     --out /tmp/tc > $out/tc_ab.log 2>&1
   grep "^|" $out/tc_ab.log;;
+f8k128)  # FP8 d = 256 on 128 x 128 tiles (build/rev_f8k128_d256_fp8.so): its tests, then the A/B
+  cp build/rev_f8k128_d256_fp8.so build/libflashattn_cuda_test.so
+  timeout 150 python3 tests/run_tests.py gpu_fp8_fwd_d256 > $out/test_f8k128.log 2>&1
+  grep -v "^PASS" $out/test_f8k128.log | tail -6; echo "passed: $(grep -c '^PASS' $out/test_f8k128.log)"
+  cp build/rev_head.so build/libflashattn_cuda_test.so
+  timeout 300 python3 bench/bench_fp8.py --speed-only --dims 256 --sizes 2048,4096,16384 --rounds 5 \
+    --extra k128=build/rev_f8k128_d256_fp8.so > $out/f8k128_ab.log 2>&1
+  grep "^{" $out/f8k128_ab.log;;
+cand)  # the candidate tree (build/rev_cand.so, FA_COMMIT its base): FP8 d = 256 on 128 x 128
+  # tiles, the producer as a warp, FP8's 24 / 240 registers; tests, then the FP8 A/B
+  cp build/rev_cand.so build/libflashattn_cuda_test.so
+  for g in gpu_fp8 gpu_fwd gpu_varlen gpu_paged_prefill; do
+    timeout 110 python3 tests/run_tests.py $g > $out/test_$g.log 2>&1
+    echo "$g: rc $? passed $(grep -c '^PASS' $out/test_$g.log) failed $(grep -c '^FAIL' $out/test_$g.log)"
+    grep "^FAIL" $out/test_$g.log | head -3
+  done
+  cp build/rev_head.so build/libflashattn_cuda_test.so
+  timeout 170 python3 bench/bench_fp8.py --speed-only --dims 256,128 --sizes 4096,16384 --rounds 3 \
+    --extra cand=build/rev_cand.so > $out/cand_fp8.log 2>&1
+  grep "^{\|Error\|error" $out/cand_fp8.log;;
 decode)
   cp build/rev_head.so build/libflashattn_cuda_test.so
   timeout 500 python3 bench/bench_decode.py --paged 16,64 --out $out/decode > $out/decode.log 2>&1
@@ -56,10 +80,10 @@ varlen)
   echo "varlen rc=$?"; grep "^| " $out/varlen.log;;
 fp8prof)  # what holds the FP8 step (DESIGN.md, FP8): its SASS and a per-line profile
   cp build/rev_head.so build/libflashattn_cuda_test.so
-  for v in t0 t1; do
-    cuobjdump -sass -fun _Z25fa_i_fwd_fa3_e4m3_d128_${v}9fa_params13fa_i_tma_maps \
-      build/rev_head.so | gzip > $out/fp8_d128_$v.sass.gz
-  done
+  # the kernels are static (internal names): every function's SASS, kept for these two
+  # (cuobjdump is also on PyPI: nvidia-cuda-cuobjdump, for SASS without a GPU)
+  cuobjdump -sass build/rev_head.so | awk '/Function :/ { p = /e4m3_d128_t[01]/ } p' \
+    | gzip > $out/fp8_d128.sass.gz
   timeout 400 ncu --section SourceCounters --section WarpStateStats -k regex:e4m3_d128_t0 -c 1 \
     -o $out/fp8_t0 python3 bench/profile_gpu.py --dtype fp8 --d 128 --n 16384 \
     --lib libflashattn_cuda_test.so > $out/ncu.log 2>&1

@@ -1,12 +1,9 @@
 #!/bin/bash
-# The next device calls. Carry build/libflashattn_test.so, build/rev_head.so
-# (main's CUDA test shim) and build/rev_pg256.so (the same with
-# bench/log/wip-paged-d256-t1.patch applied) and build/pg256_test_paged.py
-# (the patched tests/test_paged.py), made here (~2.5 min a shim on 2 cores;
-# for the patched one apply the patch in a worktree first):
-#   nvcc -O3 -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
-#        -Xptxas --split-compile=0 -shared -o build/rev_head.so tests/shim_cuda.cu
-# and set FA_COMMIT to the commit rev_head.so was built from.
+# The next device calls. Carry build/libflashattn_test.so (make -s) and the
+# shims each PART names: build/rev_head.so (main's CUDA test shim), and
+# rev_cand.so, rev_pg256.so (with build/pg256_test_paged.py), rev_tc.so,
+# main with the wip patches applied; bash bench/log/build-shims.sh makes
+# them here (~2.5 min each). Set FA_COMMIT to the commit they were built from.
 # PART=cand first (any Hopper, ~7 min; carry build/rev_cand.so, main with
 #   bench/log/wip-fp8-d256-k128.patch): the FP8 d = 256 128 x 128 tile, the
 #   producer warp and FP8's 24 / 240 registers: gpu_fp8, gpu_fwd, gpu_varlen

@@ -7,7 +7,8 @@
 # PART=cand first (any Hopper, ~7 min; carry build/rev_cand.so, main with
 #   bench/log/wip-fp8-d256-k128.patch): the FP8 d = 256 128 x 128 tile, the
 #   producer warp and FP8's 24 / 240 registers: gpu_fp8, gpu_fwd, gpu_varlen
-#   and gpu_paged_prefill on it, then the FP8 A/B at d = 256 and 128.
+#   and gpu_paged_prefill on it, then the FP8 A/B at d = 256 and 128; if it
+#   pays, PART=candfull (every GPU test on it) before it lands.
 # PART=pg256 (any Hopper, ~4 min): the patch's tests (gpu_paged, its test
 #   file copied in) and its A/B on d = 256 paged prefill chunks.
 # PART=tc (any Hopper, ~3 min): wip-paged-one-table-copy's paged tests
@@ -67,6 +68,11 @@ cand)  # the candidate tree (build/rev_cand.so, FA_COMMIT its base): FP8 d = 256
   timeout 170 python3 bench/bench_fp8.py --speed-only --dims 256,128 --sizes 4096,16384 --rounds 3 \
     --extra cand=build/rev_cand.so > $out/cand_fp8.log 2>&1
   grep "^{\|Error\|error" $out/cand_fp8.log;;
+candfull)  # before landing the candidate: every GPU test on it (~6 min)
+  cp build/rev_cand.so build/libflashattn_cuda_test.so
+  timeout 560 python3 tests/run_tests.py gpu > $out/test_candfull.log 2>&1
+  echo "rc $? passed $(grep -c '^PASS' $out/test_candfull.log) failed $(grep -c '^FAIL' $out/test_candfull.log)"
+  grep "^FAIL" $out/test_candfull.log | head -5;;
 decode)
   cp build/rev_head.so build/libflashattn_cuda_test.so
   timeout 500 python3 bench/bench_decode.py --paged 16,64 --out $out/decode > $out/decode.log 2>&1
